@@ -1,0 +1,173 @@
+"""The policy loop: harness + environment + policy, shared by GRPO rollouts and evaluation.
+
+Each turn the policy calls one tool: ``act`` (an environment command, mapped to the closest admissible command)
+or a meta-action (``track``, ``commit``, ``recall``, ``note``) executed by the ``Workspace``. The episode ends
+when ALFWorld reports ``done`` (won, or out of steps), or when the step or meta-action budget runs out; the
+policy then gets one last turn in which only ``note`` is executed. An environment that raises ends the episode
+as failed with the reason recorded.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import random
+import re
+from dataclasses import dataclass, field
+
+from evoharness.config import CostConfig
+from evoharness.harness import META_ACTIONS, TOOLS, Workspace
+from evoharness.traces import SYSTEM_PROMPT, final_observation
+
+_TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
+
+
+@dataclass
+class Decision:
+    """One policy turn: the tool name and arguments, plus what a language-model policy generated."""
+
+    name: str | None
+    args: dict
+    malformed: bool = False
+    text: str = ""
+
+
+def parse_tool_call(text: str) -> tuple[str | None, dict]:
+    """Parse the first Qwen3 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` in ``text``.
+
+    Returns (name, arguments) or (None, {}) when no well-formed call is present. Arguments given as a JSON
+    string are decoded.
+    """
+    m = _TOOL_CALL.search(text)
+    if not m:
+        return None, {}
+    try:
+        call = json.loads(m.group(1))
+        args = call.get("arguments", {})
+        if isinstance(args, str):
+            args = json.loads(args)
+        name = call.get("name")
+        return (name, args) if isinstance(name, str) and isinstance(args, dict) else (None, {})
+    except (json.JSONDecodeError, AttributeError):
+        return None, {}
+
+
+def closest_admissible(command: str, admissible: list[str]) -> str:
+    """The admissible command most similar to ``command`` (difflib ratio); exact matches are kept."""
+    if command in admissible or not admissible:
+        return command
+    return max(admissible, key=lambda c: difflib.SequenceMatcher(None, command, c).ratio())
+
+
+@dataclass
+class EpisodeResult:
+    """Outcome and accounting of one episode (``won`` is ALFWorld's flag, never ``done``)."""
+
+    game: str
+    task_type: str
+    won: bool
+    env_steps: int
+    meta_actions: dict[str, int]
+    generated_tokens: int
+    cost: float
+    reward: float
+    malformed: int = 0
+    remapped: int = 0
+    invalid_meta: int = 0
+    error: str | None = None
+    workspace_tokens: list[int] = field(default_factory=list)
+    transcript: list[dict] = field(default_factory=list)
+
+
+class ExpertPolicy:
+    """ALFWorld's handcoded expert: plays ``expert_action`` (no meta-actions)."""
+
+    def start(self, messages, tools):
+        pass
+
+    def decide(self, state: dict) -> Decision:
+        return Decision("act", {"command": state.get("expert_action") or "look"})
+
+    def observe(self, text: str):
+        pass
+
+
+class RandomPolicy:
+    """A uniformly random admissible command each step (seeded)."""
+
+    def __init__(self, seed: int = 0):
+        self.rng = random.Random(seed)
+
+    def start(self, messages, tools):
+        pass
+
+    def decide(self, state: dict) -> Decision:
+        return Decision("act", {"command": self.rng.choice(state["admissible_commands"] or ["look"])})
+
+    def observe(self, text: str):
+        pass
+
+
+def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env_steps: int = 40,
+                max_meta_actions: int = 20, seed: int = 0, env_timeout_s: float = 60.0) -> EpisodeResult:
+    """Play one episode of ``env`` (an adapter with ``reset``/``step``) with ``policy`` and ``workspace``.
+
+    Reward = won - cost (``EpisodeUsage.cost``): the cost charges *executed* meta-actions (invalid calls are
+    counted in ``invalid_meta`` and charged only their generated tokens) and every generated token.
+    """
+    from evoharness.timeouts import call_with_timeout
+
+    transcript: list[dict] = []
+    ws_tokens: list[int] = []
+    malformed = remapped = env_steps = meta = 0
+    won, error = False, None
+    try:
+        res = call_with_timeout(env.reset, env_timeout_s, seed=seed)
+    except Exception as exc:
+        return _result(env, workspace, cost_cfg, False, 0, 0, 0, f"reset failed: {exc!r}", [], [])
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": res.observation}]
+    policy.start(messages, TOOLS)
+    finished = False
+    while True:
+        state = {"admissible_commands": res.admissible_commands, "expert_action": res.expert_action}
+        dec = policy.decide(state)
+        malformed += dec.malformed
+        if finished:  # the last turn: only a note is executed
+            if dec.name == "note":
+                text, _ = workspace.call("note", dec.args, env_steps)
+                transcript.append({"turn": "note", "args": dec.args, "result": text})
+            break
+        if dec.name in META_ACTIONS and meta < max_meta_actions:
+            text, ok = workspace.call(dec.name, dec.args, env_steps)
+            meta += 1
+            transcript.append({"turn": dec.name, "args": dec.args, "result": text, "ok": ok})
+        else:
+            command = str(dec.args.get("command", dec.text)) if dec.name == "act" else dec.text
+            chosen = closest_admissible(command.strip(), res.admissible_commands)
+            remapped += chosen != command.strip()
+            try:
+                res = call_with_timeout(env.step, env_timeout_s, chosen)
+            except Exception as exc:
+                error = f"env.step({chosen!r}) failed: {exc!r}"
+                break
+            env_steps += 1
+            text = res.observation
+            won = res.won
+            transcript.append({"turn": "act", "command": chosen, "generated": command, "result": text,
+                               "won": won})
+            finished = res.done or env_steps >= max_env_steps
+        ws_tokens.append(len(workspace.render().split()))
+        if finished:
+            text = final_observation(text, won)
+        policy.observe(text)
+    workspace.usage.generated_tokens = getattr(policy, "generated_tokens", 0)
+    return _result(env, workspace, cost_cfg, won, env_steps, malformed, remapped, error, ws_tokens, transcript)
+
+
+def _result(env, ws, cost_cfg, won, env_steps, malformed, remapped, error, ws_tokens, transcript):
+    cost = ws.usage.cost(cost_cfg)
+    return EpisodeResult(
+        game=getattr(env, "game", ""), task_type=getattr(env, "task_type", ""), won=won, env_steps=env_steps,
+        meta_actions=dict(ws.usage.calls), generated_tokens=ws.usage.generated_tokens, cost=cost,
+        reward=float(won) - cost, malformed=malformed, remapped=remapped, invalid_meta=ws.usage.invalid_calls,
+        error=error, workspace_tokens=ws_tokens, transcript=transcript)

@@ -1,0 +1,154 @@
+"""Raw execution-log collection: ALFWorld games played by the handcoded expert, some episodes perturbed.
+
+Output layout (a directory, versioned with ``dvc add``)::
+
+    data/
+      manifest.json            collection settings and totals (no timestamps: byte-identical reruns)
+      logs/shard-00000.jsonl   one JSON record per step, see ``evoharness.rawlog`` for the schema
+
+Determinism: every episode's randomness (the expert's tie-breaks, the perturbations) derives from
+``CollectConfig.seed`` and the game path, and results are written in game order whatever the worker count,
+so the same games, seeds and settings give byte-identical files (hence the same DVC md5).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import multiprocessing as mp
+import random
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+from evoharness.alfworld_env import ALFWorldEnv, task_type_of
+from evoharness.config import CollectConfig
+
+
+def episode_seed(seed: int, game: str) -> int:
+    """A stable 31-bit seed from the base seed and the game path (not Python's salted ``hash``)."""
+    return int(hashlib.sha256(f"{seed}:{game}".encode()).hexdigest()[:8], 16) & 0x7FFFFFFF
+
+
+def invalid_command(rng: random.Random, admissible: list[str]) -> str:
+    """A command the game rejects with "Nothing happens.": the pre-2025 ``put X in/on Y`` form of an admissible
+    ``move X to Y``, or else an admissible command aimed at an object number that does not exist (99)."""
+    moves = [c for c in admissible if c.startswith("move ")]
+    if moves:
+        obj, recep = rng.choice(moves)[len("move "):].split(" to ", 1)
+        return f"put {obj} {rng.choice(['in', 'on'])} {recep}"
+    return re.sub(r" \d+", " 99", rng.choice(admissible), count=1)
+
+
+class EpisodeTimeout(Exception):
+    pass
+
+
+def _alarm(_signum, _frame):
+    raise EpisodeTimeout()
+
+
+def play_expert_episode(game: str, cfg: CollectConfig, data_dir: str | None = None) -> list[dict]:
+    """Play one game with the handcoded expert (perturbed for a ``cfg.perturb_share`` of games).
+
+    Returns the step records (step 0 = the initial observation, ``action`` null). An expert that raises or stalls
+    past ``cfg.episode_timeout_s`` ends the episode unwon, with ``error`` on its last record; it never raises.
+    """
+    seed = episode_seed(cfg.seed, game)
+    rng = random.Random(seed)
+    perturbed = rng.random() < cfg.perturb_share
+    episode_id = str(Path(game).parent)
+    base = {"game": game, "task_type": task_type_of(game), "episode_id": episode_id}
+    records: list[dict] = []
+    env = None
+    use_alarm = hasattr(signal, "SIGALRM") and cfg.episode_timeout_s > 0
+    if use_alarm:
+        old = signal.signal(signal.SIGALRM, _alarm)
+        signal.setitimer(signal.ITIMER_REAL, cfg.episode_timeout_s)
+    try:
+        env = ALFWorldEnv(game, max_steps=cfg.max_steps, expert=True, data_dir=data_dir)
+        res = env.reset(seed=seed)
+        records.append({**base, "step": 0, "observation": res.observation,
+                        "admissible_commands": res.admissible_commands, "action": None, "action_source": None,
+                        "reward": 0.0, "done": False, "won": False})
+        for step in range(1, cfg.max_steps + 1):
+            source = "expert"
+            action = res.expert_action or "look"
+            if perturbed and rng.random() < cfg.perturb_step_prob:
+                if rng.random() < cfg.invalid_share:
+                    action, source = invalid_command(rng, res.admissible_commands), "invalid"
+                else:
+                    action, source = rng.choice([c for c in res.admissible_commands if c != "help"] or ["look"]), "random"
+            res = env.step(action)
+            records.append({**base, "step": step, "observation": res.observation,
+                            "admissible_commands": res.admissible_commands, "action": action,
+                            "action_source": source, "reward": res.reward, "done": res.done, "won": res.won})
+            if res.done:
+                break
+    except EpisodeTimeout:
+        _mark_failed(records, base, f"expert stalled past {cfg.episode_timeout_s}s")
+    except Exception as exc:  # the expert raises on some states (e.g. choosing from an empty list)
+        _mark_failed(records, base, f"{type(exc).__name__}: {exc}")
+    finally:
+        if use_alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+        if env is not None:
+            env.close()
+    for r in records:
+        r["perturbed"] = perturbed
+    return records
+
+
+def _mark_failed(records: list[dict], base: dict, reason: str) -> None:
+    if not records:
+        records.append({**base, "step": 0, "observation": "", "admissible_commands": [], "action": None,
+                        "action_source": None, "reward": 0.0, "done": True, "won": False})
+    records[-1]["done"], records[-1]["won"], records[-1]["error"] = True, False, reason
+
+
+def _worker(args):
+    game, cfg_dict, data_dir = args
+    return game, play_expert_episode(game, CollectConfig(**cfg_dict), data_dir)
+
+
+def collect(games: list[str], out_dir: str | Path, cfg: CollectConfig, data_dir: str | None = None,
+            progress=None) -> dict:
+    """Play ``games`` and write ``out_dir/logs/shard-*.jsonl`` plus ``out_dir/manifest.json``.
+
+    Workers are recycled every ``cfg.games_per_worker`` games (TextWorld's reset leaks). ``progress`` is called
+    as ``progress(done, total, episodes_per_min, eta_s)``. Returns the manifest dict
+    (episodes, steps, won, failed, settings).
+    """
+    out = Path(out_dir)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    workers = cfg.workers or mp.cpu_count()
+    results: dict[str, list[dict]] = {}
+    t0 = time.time()
+    jobs = [(g, dataclasses.asdict(cfg), str(data_dir) if data_dir else None) for g in games]
+    ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    with ctx.Pool(workers, maxtasksperchild=cfg.games_per_worker) as pool:
+        for game, records in pool.imap_unordered(_worker, jobs):
+            results[game] = records
+            if progress:
+                rate = len(results) / max(time.time() - t0, 1e-9) * 60
+                progress(len(results), len(games), rate, (len(games) - len(results)) / max(rate / 60, 1e-9))
+    ordered = [results[g] for g in games]
+    for shard, start in enumerate(range(0, len(ordered), cfg.shard_size)):
+        lines = [json.dumps(r, sort_keys=True) for ep in ordered[start:start + cfg.shard_size] for r in ep]
+        (out / "logs" / f"shard-{shard:05d}.jsonl").write_text("\n".join(lines) + "\n")
+    manifest = {
+        "settings": dataclasses.asdict(cfg) | {"workers": None},
+        "episodes": len(ordered),
+        "steps": sum(len(ep) - 1 for ep in ordered),
+        "won": sum(ep[-1]["won"] for ep in ordered),
+        "perturbed": sum(ep[0]["perturbed"] for ep in ordered),
+        "failed": sorted({ep[-1]["episode_id"]: ep[-1]["error"] for ep in ordered if "error" in ep[-1]}.items()),
+        "games": games,
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    manifest["wall_s"] = time.time() - t0
+    return manifest

@@ -1,0 +1,235 @@
+"""One documented config dataclass per pipeline stage, filled from a profile YAML.
+
+The layout follows TRL's config classes (e.g. ``trl/trainer/grpo_config.py``): each field has a type, a
+default and a meaning. A profile (``profiles/<name>.yaml``) overrides the defaults per stage; the resolved
+config is logged with every run (``PipelineConfig.to_dict``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+
+
+@dataclass
+class CollectConfig:
+    """Raw execution-log collection with ALFWorld's handcoded expert.
+
+    Parameters:
+        split: ALFWorld split whose games are played (``train``).
+        num_games: how many games of the split (sorted by path, then every ``stride``-th); 0 means all.
+        max_steps: environment steps per episode before it ends unwon.
+        perturb_share: share of episodes (0..1) that take non-expert actions at random steps, so the logs hold
+            failed commands ("Nothing happens.") and recoveries.
+        perturb_step_prob: in a perturbed episode, probability per step of a non-expert action.
+        invalid_share: among non-expert actions, share that are invalid commands (the pre-2025
+            ``put X in/on Y`` phrasing of a ``move`` command, or a misspelt object) instead of random admissible ones.
+        seed: base seed; each episode's seed derives from it and the game path, so logs are byte-identical.
+        workers: worker processes (0 = all cores). Workers are recycled every ``games_per_worker`` games
+            because TextWorld's reset leaks memory.
+        games_per_worker: games a worker plays before it is replaced.
+        episode_timeout_s: wall seconds per episode before it is recorded as failed (expert stall).
+        shard_size: episodes per JSONL shard.
+    """
+
+    split: str = "train"
+    num_games: int = 24
+    stride: int = 1
+    max_steps: int = 50
+    perturb_share: float = 0.25
+    perturb_step_prob: float = 0.15
+    invalid_share: float = 0.5
+    seed: int = 1234
+    workers: int = 0
+    games_per_worker: int = 25
+    episode_timeout_s: float = 120.0
+    shard_size: int = 500
+
+
+@dataclass
+class CostConfig:
+    """The harness cost model: what each meta-action and each generated token costs, in reward units.
+
+    reward = won - cost, where cost = sum over executed meta-actions of ``per_call[type]``
+    + ``per_call_token`` * tokens of the call's arguments and result + ``per_generated_token`` * tokens the
+    policy generated in the episode. Environment actions cost nothing beyond their generated tokens.
+    """
+
+    per_call: dict[str, float] = field(
+        default_factory=lambda: {"track": 0.02, "commit": 0.02, "recall": 0.03, "note": 0.03}
+    )
+    per_call_token: float = 0.0005
+    per_generated_token: float = 0.0002
+
+
+@dataclass
+class TraceConfig:
+    """BPE trace construction from raw episodes.
+
+    Parameters:
+        won_only: build SFT traces only from won episodes (filtered behaviour cloning); every episode still
+            feeds the Experience store through ``note``.
+        recall_top_k: lessons a ``recall`` returns.
+        max_belief_facts: Belief entries kept in the rendered workspace.
+        render_budget_tokens: the rendered workspace's budget (whitespace tokens).
+        valid_share: share of games held out as the trace dataset's validation split (split by game).
+    """
+
+    won_only: bool = True
+    recall_top_k: int = 2
+    max_belief_facts: int = 12
+    render_budget_tokens: int = 160
+    valid_share: float = 0.1
+
+
+@dataclass
+class ModelConfig:
+    """The policy model. ``path`` empty means the embedded default: a Qwen3-architecture model built from
+    the sizes below with a byte-level BPE tokenizer trained on the traces; otherwise any local or hub path."""
+
+    path: str = ""
+    vocab_size: int = 2048
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 32
+    max_position_embeddings: int = 4096
+    seed: int = 0
+
+
+@dataclass
+class SFTStageConfig:
+    """Supervised harness fine-tuning with TRL's ``SFTTrainer`` (assistant-only loss)."""
+
+    num_train_epochs: float = 3.0
+    max_steps: int = -1
+    per_device_train_batch_size: int = 4
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 2e-3
+    warmup_ratio: float = 0.05
+    max_length: int = 2048
+    save_steps: int = 200
+    logging_steps: int = 5
+    num_processes: int = 1
+    seed: int = 0
+
+
+@dataclass
+class GRPOStageConfig:
+    """Cost-aware GRPO with TRL's ``GRPOTrainer`` and a multi-turn ``rollout_func`` over ALFWorld games.
+
+    Parameters:
+        split / num_games: the games whose episodes form the groups.
+        num_generations: episodes per game per step (the GRPO group).
+        max_steps: optimizer steps.
+        max_env_steps / max_meta_actions: per-episode budgets during rollouts.
+        temperature: sampling temperature of rollouts.
+        beta: KL coefficient to the reference (SFT) policy; 0 disables the reference model.
+    """
+
+    split: str = "train"
+    num_games: int = 8
+    game_offset: int = 1000
+    num_generations: int = 4
+    prompts_per_step: int = 2
+    max_steps: int = 4
+    max_env_steps: int = 20
+    max_meta_actions: int = 12
+    max_new_tokens: int = 48
+    temperature: float = 1.0
+    learning_rate: float = 1e-4
+    beta: float = 0.0
+    save_steps: int = 50
+    seed: int = 0
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation of a policy on a split. ``limit`` 0 means every game of the split."""
+
+    split: str = "valid_seen"
+    limit: int = 12
+    max_env_steps: int = 40
+    max_meta_actions: int = 20
+    max_new_tokens: int = 48
+    episode_timeout_s: float = 300.0
+    seed: int = 0
+
+
+@dataclass
+class PipelineConfig:
+    """All stages' configs plus the registered model's name."""
+
+    profile: str = "default"
+    collect: CollectConfig = field(default_factory=CollectConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
+    traces: TraceConfig = field(default_factory=TraceConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sft: SFTStageConfig = field(default_factory=SFTStageConfig)
+    grpo: GRPOStageConfig = field(default_factory=GRPOStageConfig)
+    evaluate: EvalConfig = field(default_factory=EvalConfig)
+    registered_model_name: str = "evoharness-policy"
+
+    def to_dict(self) -> dict:
+        """The resolved config as plain JSON-able data."""
+        return dataclasses.asdict(self)
+
+    def digest(self, section: str) -> str:
+        """sha256 (hex, 16 chars) of one section's resolved values, used as a cache and lineage key."""
+        blob = json.dumps(dataclasses.asdict(getattr(self, section)), sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+_SECTIONS = {
+    "collect": CollectConfig,
+    "cost": CostConfig,
+    "traces": TraceConfig,
+    "model": ModelConfig,
+    "sft": SFTStageConfig,
+    "grpo": GRPOStageConfig,
+    "evaluate": EvalConfig,
+}
+
+
+def load_profile(name_or_path: str = "default", overrides: dict | None = None) -> PipelineConfig:
+    """Resolve a profile into a ``PipelineConfig``.
+
+    Args:
+        name_or_path: a profile name (``profiles/<name>.yaml``) or a path to a YAML file.
+        overrides: ``{"section": {"field": value}}`` applied after the profile.
+
+    Raises:
+        FileNotFoundError: no such profile; the message lists the available ones.
+        ValueError: an unknown section or field (named in the message).
+    """
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PROFILES_DIR / f"{name_or_path}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+        raise FileNotFoundError(f"profile {name_or_path!r} not found ({path}); available: {known}")
+    raw = yaml.safe_load(path.read_text()) or {}
+    for section, values in (overrides or {}).items():
+        raw.setdefault(section, {}).update(values)
+    cfg = PipelineConfig(profile=path.stem)
+    for key, values in raw.items():
+        if key == "registered_model_name":
+            cfg.registered_model_name = str(values)
+            continue
+        if key not in _SECTIONS:
+            raise ValueError(f"{path}: unknown section {key!r}; expected one of {sorted(_SECTIONS)}")
+        known_fields = {f.name for f in dataclasses.fields(_SECTIONS[key])}
+        unknown = set(values or {}) - known_fields
+        if unknown:
+            raise ValueError(f"{path}: section {key!r} has unknown fields {sorted(unknown)}")
+        setattr(cfg, key, dataclasses.replace(getattr(cfg, key), **(values or {})))
+    return cfg

@@ -1,0 +1,252 @@
+"""The BPE workspace (Belief, Progress, Experience), its four meta-actions, and their cost.
+
+- Belief: facts keyed by (entity, attribute), each with the step it came from; a new fact replaces the one it
+  supersedes.
+- Progress: subgoals (id, text, status, depends_on) forming a DAG; an unknown dependency or a cycle is rejected.
+- Experience: lessons in a SQLite store on disk shared across episodes and processes; ``recall`` ranks them with
+  BM25 (Robertson & Zaragoza 2009, via the ``rank_bm25`` package).
+
+Meta-actions are tools (``track``, ``commit``, ``recall``, ``note``) beside the environment tool ``act``. Invalid
+arguments give the policy an error result and never raise.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from evoharness.config import CostConfig
+
+META_ACTIONS = ("track", "commit", "recall", "note")
+STATUSES = ("pending", "active", "done", "failed")
+
+
+def _fn(name: str, description: str, properties: dict, required: list[str]) -> dict:
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
+        "type": "object", "properties": properties, "required": required}}}
+
+
+TOOLS: list[dict] = [
+    _fn("act", "Execute one environment command; it must be one of the admissible commands.",
+        {"command": {"type": "string", "description": "e.g. 'go to countertop 1'"}}, ["command"]),
+    _fn("track", "Belief: record a fact about the environment, replacing the older value.",
+        {"entity": {"type": "string"}, "attribute": {"type": "string", "description": "location or state"},
+         "value": {"type": "string"}}, ["entity", "attribute", "value"]),
+    _fn("commit", "Progress: record a subgoal and its status (pending, active, done, failed).",
+        {"id": {"type": "string"}, "status": {"type": "string"}, "text": {"type": "string"},
+         "depends_on": {"type": "array", "items": {"type": "string"}}}, ["id", "status"]),
+    _fn("recall", "Experience: read the lessons most relevant to a query.",
+        {"query": {"type": "string"}}, ["query"]),
+    _fn("note", "Experience: write a lesson for later tasks.",
+        {"lesson": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}}, ["lesson"]),
+]
+
+
+def tokens(text: str) -> list[str]:
+    """Whitespace/punctuation word tokens: the unit of the cost model and the render budget."""
+    return re.findall(r"[a-z0-9]+", text.lower())
+
+
+class ExperienceStore:
+    """Lessons in SQLite (``path``, or in memory for ``":memory:"``); safe for concurrent writers.
+
+    Table ``lessons(id, text, tags, source_episode, uses, successes, count)``; identical text merges (count += 1).
+    """
+
+    def __init__(self, path: str | Path = ":memory:"):
+        self.path = str(path)
+        self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL" if self.path != ":memory:" else "PRAGMA journal_mode=MEMORY")
+        self._db.execute("CREATE TABLE IF NOT EXISTS lessons (id INTEGER PRIMARY KEY, text TEXT UNIQUE, tags TEXT,"
+                         " source_episode TEXT, uses INTEGER DEFAULT 0, successes INTEGER DEFAULT 0,"
+                         " count INTEGER DEFAULT 1)")
+
+    def add(self, text: str, tags: list[str], source_episode: str = "") -> int:
+        """Insert a lesson or merge it into an identical one. Returns its id."""
+        self._db.execute("INSERT INTO lessons(text, tags, source_episode) VALUES (?, ?, ?) "
+                         "ON CONFLICT(text) DO UPDATE SET count = count + 1", (text, json.dumps(tags), source_episode))
+        return self._db.execute("SELECT id FROM lessons WHERE text = ?", (text,)).fetchone()[0]
+
+    def all(self) -> list[dict]:
+        rows = self._db.execute("SELECT id, text, tags, source_episode, uses, successes, count FROM lessons "
+                                "ORDER BY id").fetchall()
+        keys = ("id", "text", "tags", "source_episode", "uses", "successes", "count")
+        return [dict(zip(keys, r)) | {"tags": json.loads(r[2])} for r in rows]
+
+    def search(self, query: str, k: int) -> list[tuple[dict, float]]:
+        """Top-``k`` lessons by BM25 score of ``query`` against lesson text and tags (ties: older first)."""
+        from rank_bm25 import BM25Okapi
+
+        lessons = self.all()
+        if not lessons:
+            return []
+        corpus = [tokens(lesson["text"] + " " + " ".join(lesson["tags"])) or ["_"] for lesson in lessons]
+        scores = BM25Okapi(corpus).get_scores(tokens(query))
+        ranked = sorted(zip(lessons, scores), key=lambda p: (-p[1], p[0]["id"]))[:k]
+        for lesson, _ in ranked:
+            self._db.execute("UPDATE lessons SET uses = uses + 1 WHERE id = ?", (lesson["id"],))
+        return [(lesson, float(score)) for lesson, score in ranked]
+
+    def copy_to(self, path: str | Path) -> "ExperienceStore":
+        """A new store at ``path`` holding the same lessons (SQLite's online backup)."""
+        other = ExperienceStore(path)
+        self._db.backup(other._db)
+        return other
+
+
+@dataclass
+class Fact:
+    value: str
+    step: int
+
+
+@dataclass
+class Subgoal:
+    id: str
+    text: str
+    status: str
+    depends_on: list[str]
+
+
+@dataclass
+class EpisodeUsage:
+    """Per-episode harness accounting: executed calls by type, their tokens, the policy's generated tokens."""
+
+    calls: dict[str, int] = field(default_factory=lambda: {m: 0 for m in META_ACTIONS})
+    call_tokens: int = 0
+    generated_tokens: int = 0
+    invalid_calls: int = 0
+
+    def cost(self, cfg: CostConfig) -> float:
+        """cost = sum_type per_call[type] * calls[type] + per_call_token * call_tokens
+        + per_generated_token * generated_tokens (reward units)."""
+        return (sum(cfg.per_call.get(m, 0.0) * n for m, n in self.calls.items())
+                + cfg.per_call_token * self.call_tokens + cfg.per_generated_token * self.generated_tokens)
+
+
+class Workspace:
+    """One episode's Belief and Progress over a shared Experience store.
+
+    ``call(name, args, step)`` runs a meta-action and returns ``(result_text, ok)``; it never raises.
+    """
+
+    def __init__(self, experience: ExperienceStore, episode_id: str = "", recall_top_k: int = 2,
+                 max_belief_facts: int = 12, render_budget_tokens: int = 160):
+        self.experience = experience
+        self.episode_id = episode_id
+        self.recall_top_k = recall_top_k
+        self.max_belief_facts = max_belief_facts
+        self.render_budget_tokens = render_budget_tokens
+        self.belief: dict[tuple[str, str], Fact] = {}
+        self.progress: dict[str, Subgoal] = {}
+        self.usage = EpisodeUsage()
+
+    # --- meta-actions ---------------------------------------------------------------------------------
+    def call(self, name: str, args: dict, step: int = 0) -> tuple[str, bool]:
+        """Execute meta-action ``name`` with ``args``. Returns (result text for the policy, whether it was valid)."""
+        handler = {"track": self._track, "commit": self._commit, "recall": self._recall, "note": self._note}.get(name)
+        if handler is None:
+            return f"error: unknown meta-action {name!r}; use one of {list(META_ACTIONS)}", False
+        if not isinstance(args, dict):
+            self.usage.invalid_calls += 1
+            return f"error: {name} arguments must be a JSON object", False
+        try:
+            result = handler(args, step)
+        except (KeyError, TypeError, ValueError) as exc:
+            self.usage.invalid_calls += 1
+            msg = exc.args[0] if exc.args else str(exc)
+            return f"error: {name}: {msg}", False
+        self.usage.calls[name] += 1
+        self.usage.call_tokens += len(tokens(json.dumps(args))) + len(tokens(result))
+        return result, True
+
+    def _track(self, args: dict, step: int) -> str:
+        entity, attribute, value = (_req_str(args, k) for k in ("entity", "attribute", "value"))
+        self.belief[(entity, attribute)] = Fact(value, step)
+        return f"ok: {entity} {attribute} = {value}"
+
+    def _commit(self, args: dict, step: int) -> str:
+        sid, status = _req_str(args, "id"), _req_str(args, "status")
+        if status not in STATUSES:
+            raise ValueError(f"status {status!r} must be one of {list(STATUSES)}")
+        deps = args.get("depends_on") or []
+        if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
+            raise ValueError("depends_on must be a list of subgoal ids")
+        unknown = [d for d in deps if d not in self.progress and d != sid]
+        if unknown:
+            raise ValueError(f"unknown dependency {unknown}; commit those subgoals first")
+        old = self.progress.get(sid)
+        text = str(args.get("text") or (old.text if old else sid))
+        candidate = dict(self.progress)
+        candidate[sid] = Subgoal(sid, text, status, list(deps) if deps or old is None else old.depends_on)
+        if _has_cycle(candidate):
+            raise ValueError(f"depends_on {deps} would make a cycle through {sid!r}")
+        self.progress = candidate
+        return f"ok: {sid} {status}"
+
+    def _recall(self, args: dict, step: int) -> str:
+        hits = self.experience.search(_req_str(args, "query"), self.recall_top_k)
+        if not hits:
+            return "no lessons yet"
+        return "\n".join(f"[{score:.1f}] {lesson['text']}" for lesson, score in hits)
+
+    def _note(self, args: dict, step: int) -> str:
+        lesson = _req_str(args, "lesson")
+        tags = args.get("tags") or []
+        if not isinstance(tags, list):
+            raise ValueError("tags must be a list of strings")
+        lid = self.experience.add(lesson, [str(t) for t in tags], self.episode_id)
+        return f"ok: lesson {lid} saved"
+
+    # --- rendering ------------------------------------------------------------------------------------
+    def render(self) -> str:
+        """The workspace as a compact text block within ``render_budget_tokens`` word tokens.
+
+        Compaction: done subgoals collapse into one count, only the newest ``max_belief_facts`` facts are kept,
+        and lines are dropped from the end once the budget is reached.
+        """
+        done = [g for g in self.progress.values() if g.status == "done"]
+        open_goals = [g for g in self.progress.values() if g.status != "done"]
+        lines = []
+        if self.progress:
+            lines.append(f"Progress: {len(done)} done" + "".join(f"; {g.id} {g.status}: {g.text}" for g in open_goals))
+        facts = sorted(self.belief.items(), key=lambda kv: -kv[1].step)[: self.max_belief_facts]
+        if facts:
+            lines.append("Belief: " + "; ".join(f"{e} {a}={f.value}" for (e, a), f in facts))
+        out, used = [], 0
+        for line in lines:
+            n = len(tokens(line))
+            if used + n > self.render_budget_tokens:
+                words = line.split()
+                out.append(" ".join(words[: max(self.render_budget_tokens - used, 0)]))
+                break
+            out.append(line)
+            used += n
+        return "\n".join(out)
+
+
+def _req_str(args: dict, key: str) -> str:
+    value = args.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"argument {key!r} must be a non-empty string")
+    return value.strip()
+
+
+def _has_cycle(goals: dict[str, Subgoal]) -> bool:
+    state: dict[str, int] = {}
+
+    def visit(node: str) -> bool:
+        if state.get(node) == 1:
+            return True
+        if state.get(node) == 2 or node not in goals:
+            return False
+        state[node] = 1
+        if any(visit(d) for d in goals[node].depends_on):
+            return True
+        state[node] = 2
+        return False
+
+    return any(visit(g) for g in goals)

@@ -1,0 +1,100 @@
+"""The embedded default policy: a small Qwen3-architecture model built from a config, with a byte-level BPE
+tokenizer trained on our own trace corpus and the Qwen3 chat template with its tool-call format.
+
+Any other model (a local folder or a hub id such as ``Qwen/Qwen3-8B``) goes through the same ``load_policy``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from evoharness.config import ModelConfig
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+ADDED_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>",
+                "<tools>", "</tools>"]
+
+
+def qwen3_chat_template() -> str:
+    """TRL's copy of the Qwen3 chat template (``trl/chat_templates/qwen3.jinja``), unchanged, so that
+    ``trl.chat_template_utils.add_response_schema`` recognises it."""
+    import trl
+
+    return (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
+
+
+def train_tokenizer(texts, vocab_size: int):
+    """Train a byte-level BPE tokenizer (``tokenizers``) on ``texts`` and wrap it as a transformers tokenizer with
+    the Qwen3 special tokens and chat template (``../shared/FIELD-NOTES.md``)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS + ADDED_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   additional_special_tokens=SPECIAL_TOKENS[1:])
+    fast.add_tokens(ADDED_TOKENS)
+    fast.chat_template = qwen3_chat_template()
+    return fast
+
+
+def build_default_model(cfg: ModelConfig, trace_file: str | Path, out_dir: str | Path) -> str:
+    """Train the tokenizer on the rendered traces of ``trace_file`` and build a randomly initialised
+    ``Qwen3ForCausalLM`` from ``cfg``; save both with ``save_pretrained`` under ``out_dir``. Returns the path."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    rows = [json.loads(line) for line in Path(trace_file).read_text().splitlines() if line.strip()]
+    if not rows:
+        raise ValueError(f"{trace_file}: no traces to train the tokenizer on (did collection win any episode?)")
+    from transformers import PreTrainedTokenizerFast
+
+    bootstrap = PreTrainedTokenizerFast(tokenizer_object=_whitespace_tokenizer())
+    bootstrap.chat_template = qwen3_chat_template()
+    texts = [bootstrap.apply_chat_template(r["messages"], tools=json.loads(r["tools"]), tokenize=False)
+             for r in rows]
+    tokenizer = train_tokenizer(texts, cfg.vocab_size)
+    torch.manual_seed(cfg.seed)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
+        max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=True,
+        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    model = Qwen3ForCausalLM(config)
+    out = Path(out_dir)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
+
+
+def _whitespace_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return tok
+
+
+def load_policy(path: str, dtype: str = "float32"):
+    """Load (model, tokenizer) from a local folder or hub id with ``AutoModelForCausalLM``/``AutoTokenizer``.
+
+    The tokenizer must carry a chat template with tool calls (Qwen3's). Raises OSError from transformers when the
+    path is neither a folder nor a reachable hub id.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    return model, tokenizer
+
+
+def num_parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())

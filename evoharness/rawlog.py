@@ -1,0 +1,158 @@
+"""The raw execution-log schema, its validation, and reading the logs at a DVC revision.
+
+One JSON object per line, one line per step of an episode:
+
+| field | type | meaning |
+| --- | --- | --- |
+| game | str | game path relative to ``json_2.1.1`` |
+| task_type | str | ALFWorld task type |
+| episode_id | str | unique per episode |
+| step | int | 0 for the initial observation, then 1, 2, ... |
+| observation | str | step 0: the initial text (with the task); step t: the result of ``action`` |
+| admissible_commands | list[str] | commands admissible *after* this record (for the next action) |
+| action | str or null | the command executed at this step (null at step 0) |
+| action_source | str or null | ``expert``, ``random`` or ``invalid`` (null at step 0) |
+| reward | float | the environment's reward for this step |
+| done | bool | the episode ended here (won, or out of steps) |
+| won | bool | ALFWorld's ``won``: the success flag (never use ``done``) |
+| perturbed | bool | the episode took non-expert actions at random steps |
+| error | str, optional | why the episode ended early (the expert raised or stalled) |
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+FIELDS: dict[str, tuple] = {
+    "game": (str,),
+    "task_type": (str,),
+    "episode_id": (str,),
+    "step": (int,),
+    "observation": (str,),
+    "admissible_commands": (list,),
+    "action": (str, type(None)),
+    "action_source": (str, type(None)),
+    "reward": (int, float),
+    "done": (bool,),
+    "won": (bool,),
+    "perturbed": (bool,),
+}
+
+
+class RawLogError(ValueError):
+    """A raw-log record that does not match the schema; the message names file, line and field."""
+
+
+@dataclass
+class Episode:
+    """One episode's records, in step order."""
+
+    episode_id: str
+    game: str
+    task_type: str
+    records: list[dict]
+
+    @property
+    def won(self) -> bool:
+        return bool(self.records[-1]["won"])
+
+    @property
+    def task(self) -> str:
+        obs = self.records[0]["observation"]
+        return obs.split("Your task is to: ", 1)[1].strip() if "Your task is to: " in obs else ""
+
+
+def validate_record(rec: object, where: str) -> dict:
+    """Check one decoded record against ``FIELDS``; ``where`` is ``file:line`` for the message.
+
+    Raises RawLogError naming the place and the field, and what was expected.
+    """
+    if not isinstance(rec, dict):
+        raise RawLogError(f"{where}: record is {type(rec).__name__}, expected a JSON object")
+    for name, types in FIELDS.items():
+        if name not in rec:
+            raise RawLogError(f"{where}: field {name!r} missing")
+        value = rec[name]
+        if isinstance(value, bool) and bool not in types:
+            raise RawLogError(f"{where}: field {name!r} is a bool, expected {types[0].__name__}")
+        if not isinstance(value, types):
+            raise RawLogError(f"{where}: field {name!r} is {type(value).__name__}, expected "
+                              + " or ".join("null" if t is type(None) else t.__name__ for t in types))
+    if not all(isinstance(c, str) for c in rec["admissible_commands"]):
+        raise RawLogError(f"{where}: field 'admissible_commands' must be a list of strings")
+    if rec["step"] > 0 and rec["action"] is None:
+        raise RawLogError(f"{where}: field 'action' is null at step {rec['step']}; only step 0 has no action")
+    return rec
+
+
+def parse_lines(lines, source: str) -> list[Episode]:
+    """Decode and validate JSONL lines into episodes (steps must run 0, 1, 2, ... within an episode).
+
+    Raises RawLogError with ``source:line`` for undecodable JSON, a schema violation or a step out of order.
+    """
+    episodes: dict[str, Episode] = {}
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{source}:{lineno}"
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise RawLogError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        validate_record(rec, where)
+        ep = episodes.setdefault(rec["episode_id"], Episode(rec["episode_id"], rec["game"], rec["task_type"], []))
+        if rec["step"] != len(ep.records):
+            raise RawLogError(f"{where}: field 'step' is {rec['step']} but episode {rec['episode_id']!r} "
+                              f"expects step {len(ep.records)}")
+        ep.records.append(rec)
+    return list(episodes.values())
+
+
+def dvc_md5(repo: str | Path, rev: str | None = None, dvc_file: str = "data.dvc") -> str | None:
+    """The data's DVC md5 (``outs[0].md5`` of ``data.dvc``) in the workspace or at git ``rev``; None if absent."""
+    repo = Path(repo)
+    if rev is None:
+        path = repo / dvc_file
+        if not path.exists():
+            return None
+        text = path.read_text()
+    else:
+        import subprocess
+
+        proc = subprocess.run(["git", "show", f"{rev}:{dvc_file}"], cwd=repo, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise FileNotFoundError(f"{dvc_file} not found at rev {rev!r} in {repo}: {proc.stderr.strip()}")
+        text = proc.stdout
+    return yaml.safe_load(text)["outs"][0]["md5"]
+
+
+def read_episodes(repo: str | Path, rev: str | None = None, path: str = "data/logs") -> tuple[list[Episode], str]:
+    """Read and validate every shard under ``path`` through ``dvc.api`` at git ``rev`` (None = workspace).
+
+    Returns (episodes, md5) where md5 is the data's DVC md5 at that rev.
+    Raises RawLogError on a bad record; FileNotFoundError when the rev's data is not in the DVC cache/remote.
+    """
+    from dvc.api import DVCFileSystem
+
+    fs = DVCFileSystem(str(repo), rev=rev)
+    try:
+        shards = sorted(p for p in fs.find(path) if p.endswith(".jsonl"))
+    except FileNotFoundError:
+        shards = []
+    if not shards:
+        raise FileNotFoundError(f"no raw logs under {path}/ in {repo} at rev {rev or 'workspace'}")
+    episodes: list[Episode] = []
+    for shard in shards:
+        try:
+            with fs.open(shard, "r") as fh:
+                lines = fh.read().splitlines()
+        except Exception as exc:
+            raise FileNotFoundError(f"{shard} at rev {rev or 'workspace'} could not be read through DVC "
+                                    f"({type(exc).__name__}: {exc}); run `dvc pull` or re-run collection") from exc
+        episodes.extend(parse_lines(lines, shard))
+    md5 = dvc_md5(repo, rev)
+    return episodes, md5 or ""

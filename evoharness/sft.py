@@ -1,0 +1,86 @@
+"""Supervised harness fine-tuning with TRL's ``SFTTrainer`` (loss on assistant turns only).
+
+Run it through Accelerate, as TRL's docs do::
+
+    accelerate launch --config_file accelerate/cpu_1proc.yaml -m evoharness.sft --spec spec.json
+
+``spec.json`` holds ``model_path``, ``train_file``, ``valid_file``, ``output_dir`` and the ``SFTStageConfig``
+fields under ``sft``. Checkpoints go to ``output_dir/checkpoints``; a re-run resumes from the last one (same step
+counter and optimizer state). The final model is saved to ``output_dir/final``. When ``MLFLOW_RUN_ID`` is set,
+loss and learning rate are logged to that run by transformers' MLflow callback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from evoharness.config import SFTStageConfig
+
+
+def load_trace_dataset(path: str | Path):
+    """The trace JSONL as a ``datasets.Dataset`` with the ``messages`` and ``tools`` columns TRL reads."""
+    from datasets import load_dataset
+
+    ds = load_dataset("json", data_files=str(path), split="train")
+    return ds.remove_columns([c for c in ds.column_names if c not in ("messages", "tools")])
+
+
+def train_sft(model_path: str, train_file: str, output_dir: str, cfg: SFTStageConfig,
+              valid_file: str | None = None) -> dict:
+    """Fine-tune ``model_path`` on the traces; returns ``{"final_path", "global_step", "train_loss", ...}``.
+
+    Raises ValueError when the training file holds no traces.
+    """
+    from transformers.trainer_utils import get_last_checkpoint
+    from trl import SFTConfig, SFTTrainer
+
+    from evoharness.model import load_policy
+
+    train = load_trace_dataset(train_file)
+    if len(train) == 0:
+        raise ValueError(f"{train_file}: no traces to train on")
+    valid = load_trace_dataset(valid_file) if valid_file and Path(valid_file).stat().st_size else None
+    model, tokenizer = load_policy(model_path)
+    ckpt_dir = Path(output_dir) / "checkpoints"
+    args = SFTConfig(
+        output_dir=str(ckpt_dir), assistant_only_loss=True, max_length=cfg.max_length,
+        num_train_epochs=cfg.num_train_epochs, max_steps=cfg.max_steps,
+        per_device_train_batch_size=cfg.per_device_train_batch_size,
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps, learning_rate=cfg.learning_rate,
+        lr_scheduler_type="cosine", warmup_steps=cfg.warmup_ratio, logging_steps=cfg.logging_steps,
+        save_steps=cfg.save_steps, save_total_limit=2, seed=cfg.seed, use_cpu=True, bf16=False,
+        report_to=["mlflow"] if os.environ.get("MLFLOW_RUN_ID") else "none",
+        eval_strategy="epoch" if valid is not None else "no", per_device_eval_batch_size=cfg.per_device_train_batch_size,
+        dataloader_num_workers=0, disable_tqdm=False,
+    )
+    trainer = SFTTrainer(model=model, args=args, train_dataset=train, eval_dataset=valid, processing_class=tokenizer)
+    last = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.exists() else None
+    result = trainer.train(resume_from_checkpoint=last)
+    final = Path(output_dir) / "final"
+    if trainer.accelerator.is_main_process:
+        trainer.save_model(str(final))
+        tokenizer.save_pretrained(str(final))
+    history = [h for h in trainer.state.log_history if "loss" in h]
+    return {"final_path": str(final), "global_step": trainer.state.global_step,
+            "train_loss": result.training_loss, "first_loss": history[0]["loss"] if history else None,
+            "last_loss": history[-1]["loss"] if history else None, "resumed_from": last,
+            "world_size": trainer.accelerator.num_processes, "train_rows": len(train),
+            "train_runtime_s": result.metrics.get("train_runtime"),
+            "tokens_seen": trainer.state.num_input_tokens_seen}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--spec", required=True, help="JSON file: model_path, train_file, output_dir, sft")
+    spec = json.loads(Path(parser.parse_args(argv).spec).read_text())
+    out = train_sft(spec["model_path"], spec["train_file"], spec["output_dir"], SFTStageConfig(**spec["sft"]),
+                    spec.get("valid_file"))
+    if int(os.environ.get("RANK", "0")) == 0:
+        Path(spec["output_dir"], "result.json").write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""BPE trace construction: raw episodes -> chat conversations with meta-actions where a teacher would call them.
+
+The teacher reads an episode's raw steps and inserts, in the Qwen3 tool-call chat format the model trains on:
+- ``recall`` at task start, and again after two failed commands in a row ("Nothing happens.");
+- ``commit`` of the goal at start and of each subgoal when the observation shows it completed;
+- ``track`` when an observation reveals where a task object is, or that it was picked up, cleaned, heated,
+  cooled or placed;
+- ``note`` at episode end, with a lesson (where the object was found; which command form failed).
+
+Every meta-action runs against a real ``Workspace`` so its tool result is what the policy will see at run time.
+Experience comes only from episodes earlier in the (sorted) episode order, so a trace never sees its own future.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+from evoharness.alfworld_env import task_params_from_path
+from evoharness.config import TraceConfig
+from evoharness.harness import TOOLS, ExperienceStore, Workspace
+from evoharness.rawlog import Episode
+
+SYSTEM_PROMPT = (
+    "You are a household agent in a text world. Each turn, call exactly one tool. `act` runs one environment "
+    "command. Your workspace helps you: `track` records facts (Belief), `commit` records subgoals (Progress), "
+    "`recall` reads lessons and `note` writes one (Experience). Meta-actions cost reward: use them when they pay."
+)
+
+NOTHING = "Nothing happens."
+
+
+def final_observation(observation: str, won: bool) -> str:
+    """The last observation of an episode as the policy sees it (traces and the policy loop agree)."""
+    return observation + "\nThe episode is over." + (" You won." if won else "")
+_EFFECTS = {"clean": "clean", "heat": "hot", "cool": "cool"}
+
+
+def tool_call_message(name: str, args: dict) -> dict:
+    """An assistant message with one tool call; arguments as a JSON string (Arrow would merge dicts)."""
+    return {"role": "assistant", "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]}
+
+
+def subgoal_plan(game: str) -> list[tuple[str, str, str]]:
+    """The teacher's subgoals for a game as (id, text, completion marker regex on the observation)."""
+    p = task_params_from_path(game)
+    obj = p["object_target"].lower()
+    recep = (p["parent_target"] or p["toggle_target"]).lower()
+    plan = [("find", f"find a {obj}", rf"\b{obj} \d+"), ("take", f"take a {obj}", rf"You pick up the {obj} \d+")]
+    tt = p["task_type"]
+    for verb in ("clean", "heat", "cool"):
+        if verb in tt:
+            plan.append((verb, f"{verb} the {obj}", rf"You {verb} the {obj} \d+"))
+    if tt == "look_at_obj_in_light":
+        plan.append(("light", f"use the {recep}", r"You turn on"))
+    else:
+        plan.append(("place", f"put the {obj} in/on {recep}", rf"You move the {obj} \d+ to"))
+    if tt == "pick_two_obj_and_place":
+        plan += [("take2", f"take a second {obj}", rf"You pick up the {obj} \d+"),
+                 ("place2", f"put the second {obj} in/on {recep}", rf"You move the {obj} \d+ to")]
+    return plan
+
+
+def _seen_objects(observation: str, obj: str) -> list[tuple[str, str]]:
+    """(object id, receptacle) pairs for ``obj`` seen in "On the X, you see ..." / "In it, you see ..." text."""
+    m = re.search(r"(?:arrive at|open the) ([a-z]+ \d+)", observation)
+    where = m.group(1) if m else None
+    if where is None:
+        return []
+    return [(o, where) for o in re.findall(rf"\b({obj} \d+)", observation)]
+
+
+class Teacher:
+    """Annotates episodes with meta-actions, in order, over one Experience store (see module docstring)."""
+
+    def __init__(self, cfg: TraceConfig, experience: ExperienceStore | None = None):
+        self.cfg = cfg
+        self.experience = experience or ExperienceStore()
+
+    def annotate(self, ep: Episode) -> dict:
+        """One episode -> a trace row ``{"messages", "tools", "episode_id", "game", "won", "meta_actions"}``."""
+        ws = Workspace(self.experience, ep.episode_id, self.cfg.recall_top_k, self.cfg.max_belief_facts,
+                       self.cfg.render_budget_tokens)
+        msgs: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT},
+                            {"role": "user", "content": ep.records[0]["observation"]}]
+
+        def meta(name: str, args: dict, step: int) -> None:
+            result, _ok = ws.call(name, args, step)
+            msgs.extend([tool_call_message(name, args), {"role": "tool", "content": result}])
+
+        params = task_params_from_path(ep.game)
+        obj = params["object_target"].lower()
+        plan = subgoal_plan(ep.game)
+        meta("recall", {"query": ep.task or ep.task_type}, 0)
+        meta("commit", {"id": "goal", "status": "active", "text": ep.task}, 0)
+        next_goal, failures, found_at = 0, 0, None
+        for rec in ep.records[1:]:
+            obs, step = rec["observation"], rec["step"]
+            shown = final_observation(obs, rec["won"]) if rec["done"] else obs
+            msgs.extend([tool_call_message("act", {"command": rec["action"]}), {"role": "tool", "content": shown}])
+            if rec["done"]:
+                break
+            failures = failures + 1 if obs == NOTHING else 0
+            if failures == 2:
+                meta("recall", {"query": f"nothing happens {rec['action']}"}, step)
+            for oid, where in _seen_objects(obs, obj):
+                if (oid, "location") not in ws.belief or ws.belief[(oid, "location")].value != where:
+                    meta("track", {"entity": oid, "attribute": "location", "value": where}, step)
+                    found_at = found_at or where
+            m = re.match(rf"You pick up the ({obj} \d+)", obs)
+            if m:
+                meta("track", {"entity": m.group(1), "attribute": "location", "value": "inventory"}, step)
+            for verb, state in _EFFECTS.items():
+                m = re.match(rf"You {verb} the ({obj} \d+)", obs)
+                if m:
+                    meta("track", {"entity": m.group(1), "attribute": "state", "value": state}, step)
+            while next_goal < len(plan) and re.search(plan[next_goal][2], obs):
+                gid, text, _ = plan[next_goal]
+                deps = [plan[next_goal - 1][0]] if next_goal else []
+                meta("commit", {"id": gid, "status": "done", "text": text, "depends_on": deps}, step)
+                next_goal += 1
+        meta("note", {"lesson": self.lesson(ep, obj, found_at), "tags": [ep.task_type, obj]}, len(ep.records))
+        return {"messages": msgs, "tools": json.dumps(TOOLS), "episode_id": ep.episode_id, "game": ep.game,
+                "won": ep.won, "meta_actions": dict(ws.usage.calls), "workspace": ws.render()}
+
+    @staticmethod
+    def lesson(ep: Episode, obj: str, found_at: str | None) -> str:
+        """A reusable lesson from one episode, failures included."""
+        bad = [r["action"] for r in ep.records[1:] if r["observation"] == NOTHING]
+        if any(a.startswith("put ") for a in bad):
+            return "'put X in Y' does nothing: use 'move X to Y'"
+        if found_at:
+            place = re.sub(r" \d+$", "", found_at)
+            verdict = "won" if ep.won else "lost"
+            return f"{obj} was found at a {place} ({verdict} in {len(ep.records) - 1} steps)"
+        return f"{obj} not found in {len(ep.records) - 1} steps: search other receptacles"
+
+
+def build_traces(episodes: list[Episode], cfg: TraceConfig, out_dir: str | Path,
+                 experience_path: str | Path | None = None) -> dict:
+    """Annotate every episode (sorted by episode id) and write ``train.jsonl``/``valid.jsonl`` trace datasets.
+
+    Episodes with ``error`` or (when ``cfg.won_only``) unwon ones still add their lesson to Experience but are
+    left out of the datasets. The validation split holds whole games (``valid_share`` of them, by hash).
+    Returns stats and ``content_hash``: sha256 of both files, so the same episodes give the same hash.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if experience_path and Path(experience_path).exists():
+        Path(experience_path).unlink()
+    teacher = Teacher(cfg, ExperienceStore(experience_path or ":memory:"))
+    rows = {"train": [], "valid": []}
+    stats = {"episodes": 0, "kept": 0, "steps": 0, "meta_actions": {}}
+    for ep in sorted(episodes, key=lambda e: e.episode_id):
+        row = teacher.annotate(ep)
+        stats["episodes"] += 1
+        if "error" in ep.records[-1] or (cfg.won_only and not ep.won):
+            continue
+        bucket = int(hashlib.sha256(ep.game.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+        rows["valid" if bucket < cfg.valid_share else "train"].append(row)
+        stats["kept"] += 1
+        stats["steps"] += len(ep.records) - 1
+        for k, v in row["meta_actions"].items():
+            stats["meta_actions"][k] = stats["meta_actions"].get(k, 0) + v
+    digest = hashlib.sha256()
+    for split, split_rows in rows.items():
+        text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in split_rows)
+        (out / f"{split}.jsonl").write_text(text)
+        digest.update(text.encode())
+        stats[f"{split}_rows"] = len(split_rows)
+    stats["meta_actions_per_episode"] = {k: v / max(stats["kept"], 1) for k, v in stats["meta_actions"].items()}
+    stats["content_hash"] = digest.hexdigest()
+    stats["lessons"] = len(teacher.experience.all())
+    (out / "stats.json").write_text(json.dumps(stats, indent=1, sort_keys=True))
+    return stats
