@@ -9,6 +9,8 @@ beside the game, so ``task_params_from_path`` rebuilds them from the folder name
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import random
 from dataclasses import dataclass
@@ -109,6 +111,11 @@ def _expert_wrapper():
     return FolderTaskExpert
 
 
+def _quiet():
+    """TextWorld's PDDL loader prints a warning line per duplicated atom; keep them out of the logs."""
+    return contextlib.redirect_stdout(io.StringIO())
+
+
 @dataclass
 class StepResult:
     """What one environment step returns: observation text, reward, done, won, admissible commands."""
@@ -147,7 +154,8 @@ class ALFWorldEnv:
         if expert:
             wrappers.append(_expert_wrapper()(expert_type=AlfredExpertType.HANDCODED))
         env_id = textworld.gym.register_game(str(path), infos, max_episode_steps=max_steps, wrappers=wrappers)
-        self._env = textworld.gym.make(env_id)
+        with _quiet():
+            self._env = textworld.gym.make(env_id)
         self.task = ""
 
     def _result(self, obs, reward, done, info) -> StepResult:
@@ -158,14 +166,16 @@ class ALFWorldEnv:
     def reset(self, seed: int = 0) -> StepResult:
         """Start the episode. The handcoded expert breaks ties with ``random``: seeding it makes episodes repeatable."""
         random.seed(seed)
-        obs, info = self._env.reset()
+        with _quiet():
+            obs, info = self._env.reset()
         marker = "Your task is to: "
         self.task = obs.split(marker, 1)[1].strip() if marker in obs else ""
         return self._result(obs, 0.0, False, info)
 
     def step(self, action: str) -> StepResult:
         """Execute one text command (ALFWorld 0.4 syntax, e.g. ``move apple 1 to countertop 2``)."""
-        obs, reward, done, info = self._env.step(action)
+        with _quiet():
+            obs, reward, done, info = self._env.step(action)
         return self._result(obs, reward, done, info)
 
     def close(self) -> None:

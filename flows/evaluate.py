@@ -1,0 +1,56 @@
+"""Evaluation alone: play a split with any policy.
+
+    python -m flows.evaluate --policy MODEL_PATH|models:/NAME@ALIAS|expert|random --split NAME [--limit N]
+                             [--summary-json FILE] [--profile NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from pathlib import Path
+
+from prefect import flow
+
+from evoharness.config import load_profile
+from evoharness.report import write_summary
+from evoharness.tracking import configure, git_info
+from tasks.evaluation import evaluate_task
+
+REPO = str(Path(__file__).resolve().parent.parent)
+
+
+@flow(name="evoharness-evaluate", log_prints=True)
+def evaluate_flow(policy: str, split: str = "valid_seen", limit: int = 0, profile: str = "default",
+                  summary_json: str | None = None, repo: str = REPO) -> dict:
+    """Evaluate ``policy`` on ``split`` (first ``limit`` games, 0 = all); logs one MLflow run."""
+    cfg = load_profile(profile)
+    ev_cfg = dataclasses.replace(cfg.evaluate, split=split, limit=limit)
+    configure(repo)
+    work = Path(repo) / "runs" / time.strftime(f"%Y%m%d-%H%M%S-eval-{split}")
+    import mlflow
+
+    with mlflow.start_run(run_name=f"evaluate-{split}", tags={**git_info(repo), "policy": policy}) as run:
+        summary = evaluate_task(policy, ev_cfg, cfg.cost, str(work), run.info.run_id, model_uri=policy)
+    summary["model_uri"] = policy
+    print(f"{policy} on {split}: success {summary['success_rate']:.3f} over {summary['episodes']} episodes; "
+          f"by task type {summary['success_by_task_type']}; MLflow run {summary['mlflow_run_id']}")
+    if summary_json:
+        write_summary(summary, summary_json)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description="Evaluate a policy on an ALFWorld split.")
+    p.add_argument("--policy", required=True, help="model folder, models:/NAME@ALIAS, expert or random")
+    p.add_argument("--split", default="valid_seen")
+    p.add_argument("--limit", type=int, default=0, help="first N games of the split (0 = all)")
+    p.add_argument("--profile", default="default")
+    p.add_argument("--summary-json", default=None)
+    a = p.parse_args(argv)
+    return evaluate_flow(a.policy, a.split, a.limit, a.profile, a.summary_json)
+
+
+if __name__ == "__main__":
+    main()

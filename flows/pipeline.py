@@ -1,0 +1,72 @@
+"""The main flow: DVC-tracked logs -> BPE traces -> SFT -> cost-aware GRPO -> evaluation -> registered policy.
+
+    python -m flows.pipeline [--profile NAME] [--data-rev REV] [--split NAME] [--summary-json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from prefect import flow
+
+from evoharness.config import load_profile
+from evoharness.report import pipeline_summary, print_summary, write_summary
+from tasks.data import collect_task, ingest_task
+from tasks.evaluation import evaluate_task, register_task
+from tasks.run import pipeline_run
+from tasks.training import grpo_task, sft_task
+from tasks.traces import build_traces_task
+
+REPO = str(Path(__file__).resolve().parent.parent)
+
+
+@flow(name="evoharness-pipeline")
+def pipeline(profile: str = "default", data_rev: str | None = None, split: str | None = None,
+             limit: int | None = None, summary_json: str | None = None, repo: str = REPO) -> dict:
+    """Run every stage once; returns the summary (also written to ``summary_json`` when given)."""
+    cfg = load_profile(profile, {"evaluate": {k: v for k, v in (("split", split), ("limit", limit)) if v is not None}})
+    work = Path(repo) / "runs" / time.strftime(f"%Y%m%d-%H%M%S-{cfg.profile}")
+    walls, t = {}, time.time()
+    with pipeline_run("pipeline", cfg, repo, data_rev) as parent:
+        pid = parent.info.run_id
+        data = collect_task(cfg, repo, pid)
+        walls["collect"], t = time.time() - t, time.time()
+        episodes, md5 = ingest_task(repo, data_rev, pid)
+        walls["ingest"], t = time.time() - t, time.time()
+        traces = build_traces_task(episodes, md5, cfg, str(work), pid)
+        walls["build_traces"], t = time.time() - t, time.time()
+        sft = sft_task(cfg, traces, str(work), pid)
+        walls["sft"], t = time.time() - t, time.time()
+        grpo = grpo_task(cfg, sft, traces, str(work), pid)
+        walls["grpo"], t = time.time() - t, time.time()
+        lineage = {"data_rev": data_rev or "workspace", "dvc_md5": md5, "trace_hash": traces["content_hash"],
+                   "parent_model_run_id": sft["run_id"], "grpo_run_id": grpo["run_id"], "pipeline_run_id": pid,
+                   **{k: parent.data.tags[k] for k in ("git_commit", "git_dirty", "profile",
+                                                       "prefect_flow_run_id", "prefect_deployment_id")}}
+        model = register_task(grpo["final_path"], cfg.registered_model_name, lineage, pid)
+        walls["register"], t = time.time() - t, time.time()
+        ev = evaluate_task(grpo["final_path"], cfg.evaluate, cfg.cost, str(work), pid,
+                           grpo["experience_path"], model["model_uri"])
+        walls["evaluate"] = time.time() - t
+        summary = pipeline_summary(ev, model, grpo, sft, traces, data, walls, pid, lineage)
+    print_summary(summary)
+    if summary_json:
+        write_summary(summary, summary_json)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description="Run the EvoHarness pipeline on the embedded default model.")
+    p.add_argument("--profile", default="default", help="profiles/<NAME>.yaml (default: default)")
+    p.add_argument("--data-rev", default=None, help="git rev whose data.dvc names the logs (default: workspace)")
+    p.add_argument("--split", default=None, help="evaluation split (default: the profile's, valid_seen)")
+    p.add_argument("--limit", type=int, default=None, help="evaluate only the first N games (0 = all)")
+    p.add_argument("--summary-json", default=None, help="write the summary JSON here")
+    a = p.parse_args(argv)
+    return pipeline(profile=a.profile, data_rev=a.data_rev, split=a.split, limit=a.limit, summary_json=a.summary_json)
+
+
+if __name__ == "__main__":
+    main()

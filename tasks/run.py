@@ -1,0 +1,29 @@
+"""The pipeline's parent MLflow run: opened around a flow run, tagged with its lineage."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import mlflow
+
+from evoharness.config import PipelineConfig
+from evoharness.tracking import configure, git_info, start_run
+
+
+@contextlib.contextmanager
+def pipeline_run(name: str, cfg: PipelineConfig, repo: str, data_rev: str | None):
+    """Configure the embedded MLflow store and hold one parent run (yielded) for the whole flow run.
+
+    Tags: git commit and dirty flag, profile, data rev, Prefect flow-run and deployment ids. The resolved config
+    is logged as ``config.json``.
+    """
+    from prefect.runtime import deployment, flow_run
+
+    configure(repo)
+    tags = {**git_info(repo), "profile": cfg.profile, "data_rev": data_rev or "workspace",
+            "prefect_flow_run_id": str(flow_run.id or ""), "prefect_deployment_id": str(deployment.id or "")}
+    with start_run(name, tags=tags) as run:
+        mlflow.log_dict(cfg.to_dict(), "config.json")
+        mlflow.log_param("config", json.dumps(cfg.to_dict())[:6000])
+        yield run

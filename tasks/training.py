@@ -1,0 +1,75 @@
+"""Prefect tasks for the training stages: supervised harness fine-tuning and cost-aware GRPO.
+
+Each runs its ``evoharness`` entry point under ``accelerate launch`` in a child process that logs into the
+stage's nested MLflow run (``MLFLOW_RUN_ID``); a failed stage retried by Prefect resumes from its checkpoints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import mlflow
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from evoharness.alfworld_env import list_games
+from evoharness.config import PipelineConfig
+from evoharness.launch import accelerate_launch
+from evoharness.model import build_default_model, load_policy, num_parameters
+from evoharness.plots import annealing_figure
+from evoharness.tracking import start_run
+
+
+def _child_env(run_id: str) -> dict:
+    return {"MLFLOW_RUN_ID": run_id, "MLFLOW_TRACKING_URI": mlflow.get_tracking_uri(),
+            "MLFLOW_EXPERIMENT_ID": mlflow.get_experiment_by_name("evoharness").experiment_id}
+
+
+@task(name="sft", retries=1, retry_delay_seconds=5, timeout_seconds=4 * 3600, cache_policy=NO_CACHE)
+def sft_task(cfg: PipelineConfig, traces: dict, work_dir: str, parent_run_id: str) -> dict:
+    """Build the embedded default model (or take ``cfg.model.path``) and fine-tune it on the traces."""
+    out = Path(work_dir) / "sft"
+    with start_run("sft", parent_run_id, tags={"trace_hash": traces["content_hash"]}) as run:
+        base = cfg.model.path or build_default_model(cfg.model, traces["train_file"], out / "base")
+        mlflow.log_params({"base_model": "embedded-default" if not cfg.model.path else base,
+                           **{f"sft.{k}": v for k, v in dataclasses.asdict(cfg.sft).items()},
+                           **{f"model.{k}": v for k, v in dataclasses.asdict(cfg.model).items()}})
+        spec = {"model_path": base, "train_file": traces["train_file"], "valid_file": traces["valid_file"],
+                "output_dir": str(out), "sft": dataclasses.asdict(cfg.sft)}
+        result = accelerate_launch("evoharness.sft", spec, out, cfg.sft.num_processes, _child_env(run.info.run_id))
+        model, _ = load_policy(result["final_path"])
+        result["parameters"] = num_parameters(model)
+        mlflow.log_metrics({"parameters": result["parameters"], "global_step": result["global_step"],
+                            "world_size": result["world_size"], "final_train_loss": result["train_loss"]})
+        result["run_id"] = run.info.run_id
+    get_run_logger().info(f"sft: {result['global_step']} steps, loss {result['first_loss']} -> {result['last_loss']}")
+    return result
+
+
+@task(name="grpo", retries=1, retry_delay_seconds=5, timeout_seconds=6 * 3600, cache_policy=NO_CACHE)
+def grpo_task(cfg: PipelineConfig, sft: dict, traces: dict, work_dir: str, parent_run_id: str) -> dict:
+    """Cost-aware GRPO from the SFT checkpoint on multi-turn ALFWorld episodes; logs the annealing curve."""
+    g = cfg.grpo
+    out = Path(work_dir) / "grpo"
+    games = list_games(g.split, limit=g.num_games, offset=g.game_offset)
+    with start_run("grpo", parent_run_id, tags={"parent_model_run_id": sft["run_id"]}) as run:
+        mlflow.log_params({**{f"grpo.{k}": v for k, v in dataclasses.asdict(g).items()},
+                           "cost": json.dumps(dataclasses.asdict(cfg.cost))})
+        spec = {"model_path": sft["final_path"], "games": games, "output_dir": str(out),
+                "experience_path": str(out / "experience.db"), "grpo": dataclasses.asdict(g),
+                "cost": dataclasses.asdict(cfg.cost)}
+        out.mkdir(parents=True, exist_ok=True)
+        if not (out / "experience.db").exists() and Path(traces["experience_path"]).exists():
+            from evoharness.harness import ExperienceStore
+
+            ExperienceStore(traces["experience_path"]).copy_to(out / "experience.db")
+        result = accelerate_launch("evoharness.grpo", spec, out, 1, _child_env(run.info.run_id))
+        history = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+        mlflow.log_figure(annealing_figure(history), "annealing.png")
+        result["run_id"] = run.info.run_id
+        result["experience_path"] = str(out / "experience.db")
+    get_run_logger().info(f"grpo: {result['global_step']} steps; meta-actions/episode "
+                          f"{result['first']['meta_actions']:.2f} -> {result['last']['meta_actions']:.2f}")
+    return result
