@@ -4,7 +4,8 @@
   supersedes.
 - Progress: subgoals (id, text, status, depends_on) forming a DAG; an unknown dependency or a cycle is rejected.
 - Experience: lessons in a SQLite store on disk shared across episodes and processes; ``recall`` ranks them with
-  BM25 (Robertson & Zaragoza 2009, via the ``rank_bm25`` package).
+  BM25+ (Lv & Zhai 2011, via ``rank_bm25.BM25Plus``; plain Okapi IDF turns zero or negative on the tiny
+  stores of early training, where a term in half the lessons scores nothing).
 
 Meta-actions are tools (``track``, ``commit``, ``recall``, ``note``) beside the environment tool ``act``. Invalid
 arguments give the policy an error result and never raise.
@@ -78,13 +79,13 @@ class ExperienceStore:
 
     def search(self, query: str, k: int) -> list[tuple[dict, float]]:
         """Top-``k`` lessons by BM25 score of ``query`` against lesson text and tags (ties: older first)."""
-        from rank_bm25 import BM25Okapi
+        from rank_bm25 import BM25Plus
 
         lessons = self.all()
         if not lessons:
             return []
         corpus = [tokens(lesson["text"] + " " + " ".join(lesson["tags"])) or ["_"] for lesson in lessons]
-        scores = BM25Okapi(corpus).get_scores(tokens(query))
+        scores = BM25Plus(corpus).get_scores(tokens(query))
         ranked = sorted(zip(lessons, scores), key=lambda p: (-p[1], p[0]["id"]))[:k]
         for lesson, _ in ranked:
             self._db.execute("UPDATE lessons SET uses = uses + 1 WHERE id = ?", (lesson["id"],))
@@ -218,13 +219,17 @@ class Workspace:
             lines.append("Belief: " + "; ".join(f"{e} {a}={f.value}" for (e, a), f in facts))
         out, used = [], 0
         for line in lines:
-            n = len(tokens(line))
-            if used + n > self.render_budget_tokens:
-                words = line.split()
-                out.append(" ".join(words[: max(self.render_budget_tokens - used, 0)]))
+            kept = []
+            for word in line.split():
+                n = len(tokens(word))
+                if used + n > self.render_budget_tokens:
+                    break
+                kept.append(word)
+                used += n
+            if kept:
+                out.append(" ".join(kept))
+            if len(kept) < len(line.split()):
                 break
-            out.append(line)
-            used += n
         return "\n".join(out)
 
 

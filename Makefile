@@ -1,0 +1,54 @@
+# Two commands on a fresh machine: `make run` (the main job) and `make test` (the test suite).
+# Both create .venv with the pinned dependencies and unpack the ALFWorld games first.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+SHARED ?= ../shared
+ALFWORLD_DATA ?= $(HOME)/.cache/alfworld
+ARGS ?=
+PYTEST_ARGS ?=
+
+export ALFWORLD_DATA
+export PYTHONPATH := $(CURDIR)
+export DO_NOT_TRACK := true
+export MLFLOW_DISABLE_TELEMETRY := true
+export DVC_NO_ANALYTICS := 1
+export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+export OMP_NUM_THREADS ?= 1
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
+export PYTHONUNBUFFERED := 1
+
+.PHONY: run test venv data clean-runs
+
+run: venv data
+	$(PY) -m flows.pipeline $(ARGS)
+
+test: venv data
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml requirements.lock
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	touch $@
+
+# The games: $ALFWORLD_DATA/json_2.1.1 if it is there, else unpacked from $(SHARED)/alfworld (sha256 checked).
+data:
+	@if [ -d "$(ALFWORLD_DATA)/json_2.1.1/train" ]; then \
+	  echo "ALFWorld games: $(ALFWORLD_DATA)/json_2.1.1"; \
+	else \
+	  archive="$(SHARED)/alfworld/json_2.1.1_tw-pddl.tar.xz"; \
+	  test -f "$$archive" || { echo "ALFWorld archive not found at $$archive: set SHARED=<folder holding alfworld/> or ALFWORLD_DATA=<folder holding json_2.1.1/>" >&2; exit 1; }; \
+	  echo "1a08af886ef7144daae04ee35fa20221be7a77c3f2bbfeb4a099d276ef3d748f  $$archive" | sha256sum -c --quiet - || { echo "$$archive: sha256 mismatch" >&2; exit 1; }; \
+	  mkdir -p "$(ALFWORLD_DATA)"; echo "unpacking ALFWorld games into $(ALFWORLD_DATA)"; \
+	  xz -dc "$$archive" | tar -x -C "$(ALFWORLD_DATA)"; \
+	fi
+
+clean-runs:
+	rm -rf runs

@@ -1,0 +1,51 @@
+"""Shared fixtures: offline settings, a temporary git+DVC repo, and a small real collection reused by tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+for key, value in {"DO_NOT_TRACK": "true", "MLFLOW_DISABLE_TELEMETRY": "true", "DVC_NO_ANALYTICS": "1",
+                   "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                   "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "OMP_NUM_THREADS": "1",
+                   "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90"}.items():
+    os.environ.setdefault(key, value)
+
+from evoharness.alfworld_env import list_games  # noqa: E402
+from evoharness.collect import collect  # noqa: E402
+from evoharness.config import CollectConfig  # noqa: E402
+
+
+def git(repo, *args):
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def git_repo(tmp_path):
+    """An empty git repository with one commit (DVC needs git)."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    git(repo, "config", "user.email", "test@example.com")
+    git(repo, "config", "user.name", "test")
+    git(repo, "commit", "-q", "--allow-empty", "-m", "init")
+    return repo
+
+
+TINY_COLLECT = CollectConfig(num_games=3, stride=1100, perturb_share=0.34, workers=1, max_steps=50)
+
+
+@pytest.fixture(scope="session")
+def tiny_games():
+    """Three real train games of different task types."""
+    return list_games("train", limit=TINY_COLLECT.num_games, stride=TINY_COLLECT.stride)
+
+
+@pytest.fixture(scope="session")
+def tiny_logs(tmp_path_factory, tiny_games):
+    """Raw logs of the three games, collected once per session with the real handcoded expert."""
+    out = tmp_path_factory.mktemp("logs") / "data"
+    manifest = collect(tiny_games, out, TINY_COLLECT)
+    return out, manifest

@@ -1,0 +1,80 @@
+import pytest
+
+from evoharness.agent import Decision, closest_admissible, parse_tool_call, run_episode
+from evoharness.alfworld_env import ALFWorldEnv, StepResult, list_games
+from evoharness.config import CostConfig
+from evoharness.harness import ExperienceStore, Workspace
+
+
+def test_parse_tool_call():
+    text = '<think>\n\n</think>\n\n<tool_call>\n{"name": "act", "arguments": {"command": "go to desk 1"}}\n</tool_call>'
+    assert parse_tool_call(text) == ("act", {"command": "go to desk 1"})
+    assert parse_tool_call('<tool_call>{"name": "note", "arguments": "{\\"lesson\\": \\"x\\"}"}</tool_call>') == \
+        ("note", {"lesson": "x"})
+    assert parse_tool_call("<tool_call>{broken</tool_call>") == (None, {})
+    assert parse_tool_call("go to desk 1") == (None, {})
+
+
+def test_closest_admissible():
+    adm = ["go to desk 1", "go to drawer 1", "take pen 1 from desk 1"]
+    assert closest_admissible("go to desk 1", adm) == "go to desk 1"
+    assert closest_admissible("go to dsk 1", adm) == "go to desk 1"
+    assert closest_admissible("take pen 1 from desk", adm) == "take pen 1 from desk 1"
+
+
+class Scripted:
+    """Replays a fixed list of decisions (then the expert's action), counting generated tokens as 5 per turn."""
+
+    def __init__(self, script):
+        self.script = list(script)
+        self.generated_tokens = 0
+
+    def start(self, messages, tools):
+        pass
+
+    def decide(self, state):
+        self.generated_tokens += 5
+        if self.script:
+            return self.script.pop(0)
+        return Decision("act", {"command": state["expert_action"] or "look"})
+
+    def observe(self, text):
+        pass
+
+
+def test_reward_is_won_minus_logged_cost_for_scripted_episode():
+    game = list_games("valid_seen", limit=1)[0]
+    env = ALFWorldEnv(game, max_steps=60)
+    script = [Decision("recall", {"query": "find"}), Decision("commit", {"id": "g", "status": "active"}),
+              Decision("track", {"entity": "x 1", "attribute": "location", "value": "desk 1"}),
+              Decision("commit", {"id": "g", "status": "bad"}),  # invalid: not charged as a call
+              Decision(None, {}, malformed=True, text="lok")]
+    ws = Workspace(ExperienceStore(), "scripted")
+    cost = CostConfig(per_call={"track": 0.1, "commit": 0.2, "recall": 0.3, "note": 0.4}, per_call_token=0.001,
+                      per_generated_token=0.002)
+    res = run_episode(env, Scripted(script), ws, cost, max_env_steps=60)
+    env.close()
+    assert res.won
+    assert res.meta_actions == {"track": 1, "commit": 1, "recall": 1, "note": 0}
+    assert res.invalid_meta == 1 and res.malformed == 1
+    turns = 5 + res.env_steps - 1 + 1  # scripted turns (malformed one acts) + expert acts + the final note turn
+    assert res.generated_tokens == 5 * turns
+    expected = 0.1 + 0.2 + 0.3 + 0.001 * ws.usage.call_tokens + 0.002 * res.generated_tokens
+    assert res.cost == pytest.approx(expected)
+    assert res.reward == pytest.approx(1.0 - expected)
+    assert res.transcript[4]["generated"] == "lok" and res.transcript[4]["command"] == "look"
+
+
+class Crashing:
+    game, task_type = "crash", "pick_and_place_simple"
+
+    def reset(self, seed=0):
+        return StepResult("You are in a room.\n\nYour task is to: crash.", 0.0, False, False, ["look"], "look")
+
+    def step(self, action):
+        raise RuntimeError("engine died")
+
+
+def test_crashed_environment_ends_episode_as_failed():
+    res = run_episode(Crashing(), Scripted([]), Workspace(ExperienceStore()), CostConfig())
+    assert not res.won and "engine died" in res.error and res.env_steps == 0

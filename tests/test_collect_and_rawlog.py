@@ -1,0 +1,91 @@
+import dataclasses
+import json
+
+import pytest
+
+from conftest import TINY_COLLECT, git
+from evoharness.collect import collect, invalid_command, play_expert_episode
+from evoharness.rawlog import RawLogError, dvc_md5, parse_lines, read_episodes
+
+
+def test_collection_is_byte_identical_across_runs_and_worker_counts(tmp_path, tiny_games, tiny_logs):
+    out, manifest = tiny_logs
+    again = collect(tiny_games, tmp_path / "again", dataclasses.replace(TINY_COLLECT, workers=2))
+    assert (out / "logs" / "shard-00000.jsonl").read_bytes() == (tmp_path / "again/logs/shard-00000.jsonl").read_bytes()
+    assert (out / "manifest.json").read_bytes() == (tmp_path / "again/manifest.json").read_bytes()
+    assert manifest["episodes"] == 3 and again["won"] == manifest["won"]
+
+
+def test_logs_hold_the_schema_perturbations_and_failures(tiny_logs):
+    out, manifest = tiny_logs
+    lines = (out / "logs" / "shard-00000.jsonl").read_text().splitlines()
+    episodes = parse_lines(lines, "shard-00000.jsonl")
+    assert len(episodes) == 3
+    assert sum(len(e.records) - 1 for e in episodes) == manifest["steps"]
+    assert manifest["perturbed"] >= 1
+    sources = {r["action_source"] for e in episodes for r in e.records[1:]}
+    assert "expert" in sources and sources & {"random", "invalid"}
+    for e in episodes:
+        assert e.records[0]["action"] is None and "Your task is to:" in e.records[0]["observation"]
+        assert e.records[-1]["done"]
+
+
+def test_invalid_command_uses_pre_2025_put_syntax():
+    import random
+
+    cmd = invalid_command(random.Random(0), ["go to desk 1", "move apple 1 to fridge 1"])
+    assert cmd in ("put apple 1 in fridge 1", "put apple 1 on fridge 1")
+
+
+def test_expert_failure_is_recorded_not_raised(tmp_path):
+    records = play_expert_episode("train/no_such-Apple-None-Fridge-1/trial/game.tw-pddl", TINY_COLLECT)
+    assert records[-1]["won"] is False and records[-1]["done"] is True
+    assert "FileNotFoundError" in records[-1]["error"]
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda r: r.pop("won"), "field 'won' missing"),
+    (lambda r: r.update(step="3"), "field 'step' is str, expected int"),
+    (lambda r: r.update(done=1), "field 'done' is int, expected bool"),
+    (lambda r: r.update(action=None), "field 'action' is null at step 1"),
+])
+def test_validation_names_file_line_and_field(tiny_logs, mutate, message):
+    out, _ = tiny_logs
+    lines = (out / "logs" / "shard-00000.jsonl").read_text().splitlines()[:3]
+    bad = json.loads(lines[1])
+    mutate(bad)
+    lines[1] = json.dumps(bad)
+    with pytest.raises(RawLogError, match=rf"shard.jsonl:2: ({message})"):
+        parse_lines(lines, "shard.jsonl")
+
+
+def test_undecodable_line_is_reported():
+    with pytest.raises(RawLogError, match=r"x.jsonl:1: not valid JSON"):
+        parse_lines(["{oops"], "x.jsonl")
+
+
+def test_read_episodes_at_two_dvc_revisions(git_repo, tiny_logs):
+    """Two real DVC versions in a temporary git repo: each rev reads back its own data and md5."""
+    import shutil
+
+    from evoharness.datastore import dvc_add, ensure_dvc_repo
+
+    out, _ = tiny_logs
+    ensure_dvc_repo(git_repo)
+    shutil.copytree(out, git_repo / "data")
+    md5_v1 = dvc_add(git_repo)
+    git(git_repo, "add", "-A")
+    git(git_repo, "commit", "-qm", "data v1")
+    rev1 = git(git_repo, "rev-parse", "HEAD")
+    shard = git_repo / "data" / "logs" / "shard-00000.jsonl"
+    shard.write_text("\n".join(shard.read_text().splitlines()[: -3]) + "\n")  # drop the last episode's tail
+    md5_v2 = dvc_add(git_repo)
+    git(git_repo, "add", "-A")
+    git(git_repo, "commit", "-qm", "data v2")
+    assert md5_v1 != md5_v2
+    eps1, m1 = read_episodes(git_repo, rev1)
+    eps2, m2 = read_episodes(git_repo, "HEAD")
+    assert (m1, m2) == (md5_v1, md5_v2) == (dvc_md5(git_repo, rev1), dvc_md5(git_repo))
+    steps1 = sum(len(e.records) for e in eps1)
+    steps2 = sum(len(e.records) for e in eps2)
+    assert steps1 - steps2 == 3

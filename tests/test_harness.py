@@ -1,0 +1,109 @@
+import threading
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from evoharness.config import CostConfig
+from evoharness.harness import ExperienceStore, Workspace, tokens
+
+
+def ws():
+    return Workspace(ExperienceStore(), "ep", render_budget_tokens=40)
+
+
+def test_track_replaces_superseded_fact():
+    w = ws()
+    assert w.call("track", {"entity": "apple 1", "attribute": "location", "value": "countertop 1"}, 3) == \
+        ("ok: apple 1 location = countertop 1", True)
+    w.call("track", {"entity": "apple 1", "attribute": "location", "value": "inventory"}, 5)
+    assert {k: (f.value, f.step) for k, f in w.belief.items()} == {("apple 1", "location"): ("inventory", 5)}
+    assert w.usage.calls["track"] == 2
+
+
+def test_commit_rejects_unknown_dependency_and_cycle():
+    w = ws()
+    assert w.call("commit", {"id": "take", "status": "pending", "depends_on": ["find"]})[1] is False
+    assert w.call("commit", {"id": "find", "status": "done"}) == ("ok: find done", True)
+    assert w.call("commit", {"id": "take", "status": "active", "depends_on": ["find"]})[1]
+    text, ok = w.call("commit", {"id": "find", "status": "done", "depends_on": ["take"]})
+    assert not ok and "cycle" in text
+    assert w.progress["find"].depends_on == []
+    text, ok = w.call("commit", {"id": "x", "status": "maybe"})
+    assert not ok and "status 'maybe'" in text
+    assert w.usage.calls["commit"] == 2 and w.usage.invalid_calls == 3
+
+
+def test_invalid_arguments_give_errors_not_exceptions():
+    w = ws()
+    assert w.call("track", {"entity": "a"})[1] is False
+    assert w.call("note", "not a dict")[1] is False
+    assert w.call("fly", {})[0].startswith("error: unknown meta-action")
+
+
+def test_recall_ranks_by_bm25_and_note_merges_duplicates():
+    store = ExperienceStore()
+    w = Workspace(store, "ep", recall_top_k=1)
+    w.call("note", {"lesson": "apple was found at a countertop", "tags": ["pick"]})
+    w.call("note", {"lesson": "mug was found at a cabinet", "tags": ["heat"]})
+    w.call("note", {"lesson": "mug was found at a cabinet", "tags": ["heat"]})
+    text, ok = w.call("recall", {"query": "heat a mug"})
+    assert ok and text.endswith("mug was found at a cabinet") and text.startswith("[")
+    lessons = store.all()
+    assert [lesson["count"] for lesson in lessons] == [1, 2] and lessons[1]["uses"] == 1
+
+
+def test_render_collapses_done_goals_and_keeps_budget():
+    w = ws()
+    w.call("commit", {"id": "find", "status": "done", "text": "find a mug"})
+    w.call("commit", {"id": "goal", "status": "active", "text": "put a hot mug in cabinet"})
+    for i in range(30):
+        w.call("track", {"entity": f"mug {i}", "attribute": "location", "value": f"cabinet {i}"}, i)
+    text = w.render()
+    assert text.startswith("Progress: 1 done; goal active: put a hot mug in cabinet")
+    assert "mug 29 location=cabinet 29" in text and "mug 0 " not in text
+    assert len(tokens(text)) <= 40
+
+
+def test_cost_formula():
+    w = ws()
+    w.call("track", {"entity": "a 1", "attribute": "location", "value": "b 1"})
+    w.usage.generated_tokens = 100
+    cfg = CostConfig(per_call={"track": 0.1}, per_call_token=0.01, per_generated_token=0.001)
+    assert abs(w.usage.cost(cfg) - (0.1 + 0.01 * w.usage.call_tokens + 0.1)) < 1e-12
+    assert w.usage.call_tokens == len(tokens('{"entity": "a 1", "attribute": "location", "value": "b 1"}')) + \
+        len(tokens("ok: a 1 location = b 1"))
+
+
+name = st.sampled_from(["track", "commit", "recall", "note", "bogus"])
+args = st.dictionaries(st.sampled_from(["entity", "attribute", "value", "id", "status", "depends_on", "query",
+                                        "lesson", "tags", "text"]),
+                       st.one_of(st.text(max_size=12), st.sampled_from(["done", "active", "pending"]),
+                                 st.lists(st.sampled_from(["a", "b", "c"]), max_size=3)), max_size=6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(name, args), max_size=25))
+def test_any_meta_action_sequence_leaves_a_valid_workspace(calls):
+    w = ws()
+    for n, a in calls:
+        text, ok = w.call(n, a)
+        assert isinstance(text, str) and isinstance(ok, bool)
+    for g in w.progress.values():
+        assert g.status in ("pending", "active", "done", "failed")
+        assert all(d in w.progress for d in g.depends_on)
+    assert len(tokens(w.render())) <= 40
+
+
+def test_two_concurrent_writers_lose_no_lesson(tmp_path):
+    path = tmp_path / "exp.db"
+    ExperienceStore(path)
+
+    def writer(tag):
+        store = ExperienceStore(path)
+        for i in range(50):
+            store.add(f"lesson {tag} {i}", [tag])
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in ("a", "b")]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert len(ExperienceStore(path).all()) == 100

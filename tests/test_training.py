@@ -1,0 +1,72 @@
+"""SFT and GRPO on tiny settings, through the same `accelerate launch` path the pipeline uses."""
+
+import dataclasses
+import json
+
+import pytest
+
+from evoharness.alfworld_env import list_games
+from evoharness.config import CostConfig, GRPOStageConfig, ModelConfig, SFTStageConfig, TraceConfig
+from evoharness.launch import accelerate_launch
+from evoharness.model import build_default_model, load_policy
+from evoharness.rawlog import parse_lines
+from evoharness.traces import build_traces
+
+TINY_MODEL = ModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, head_dim=16, vocab_size=600)
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory, tiny_logs):
+    out, _ = tiny_logs
+    eps = parse_lines((out / "logs" / "shard-00000.jsonl").read_text().splitlines(), "shard")
+    d = tmp_path_factory.mktemp("traces")
+    build_traces(eps, dataclasses.replace(TraceConfig(), valid_share=0.0), d, experience_path=d / "exp.db")
+    return d
+
+
+@pytest.fixture(scope="module")
+def base_model(tmp_path_factory, traces):
+    return build_default_model(TINY_MODEL, traces / "train.jsonl", tmp_path_factory.mktemp("base"))
+
+
+def test_default_model_speaks_qwen3_tool_format(base_model):
+    from trl.chat_template_utils import supports_tool_calling
+
+    model, tok = load_policy(base_model)
+    assert type(model).__name__ == "Qwen3ForCausalLM"
+    assert supports_tool_calling(tok)
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+    assert len(tok.tokenize("<tool_call>")) == 1
+
+
+def test_sft_runs_and_resumes_with_same_step_and_optimizer(tmp_path, traces, base_model):
+    spec = {"model_path": base_model, "train_file": str(traces / "train.jsonl"), "output_dir": str(tmp_path),
+            "sft": dataclasses.asdict(SFTStageConfig(max_steps=2, per_device_train_batch_size=1, save_steps=1,
+                                                     logging_steps=1))}
+    first = accelerate_launch("evoharness.sft", spec, tmp_path, num_processes=1)
+    assert first["global_step"] == 2 and first["world_size"] == 1 and first["resumed_from"] is None
+    assert first["first_loss"] > 0
+    ckpt = tmp_path / "checkpoints" / "checkpoint-2"
+    assert (ckpt / "optimizer.pt").exists()
+    spec["sft"]["max_steps"] = 3
+    second = accelerate_launch("evoharness.sft", spec, tmp_path, num_processes=1)
+    assert second["resumed_from"].endswith("checkpoint-2") and second["global_step"] == 3
+    state = json.loads((tmp_path / "checkpoints" / "checkpoint-3" / "trainer_state.json").read_text())
+    assert state["global_step"] == 3
+
+
+def test_grpo_step_runs_on_a_real_game(tmp_path, base_model, traces):
+    game = list_games("train", limit=1, offset=1000)
+    cfg = GRPOStageConfig(num_generations=2, prompts_per_step=1, max_steps=1, max_env_steps=2, max_meta_actions=1,
+                          max_new_tokens=16)
+    spec = {"model_path": base_model, "games": game, "output_dir": str(tmp_path),
+            "experience_path": str(tmp_path / "exp.db"), "grpo": dataclasses.asdict(cfg),
+            "cost": dataclasses.asdict(CostConfig())}
+    result = accelerate_launch("evoharness.grpo", spec, tmp_path, num_processes=1)
+    assert result["global_step"] == 1
+    first = result["first"]
+    assert first["env_steps"] == 2.0 and first["success_rate"] == 0.0
+    assert first["reward"] == pytest.approx(-first["cost"])
+    assert first["generated_tokens"] > 0
+    assert (tmp_path / "final" / "model.safetensors").exists()
