@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 
 from evoharness.config import CostConfig
-from evoharness.harness import META_ACTIONS, TOOLS, Workspace
+from evoharness.harness import META_ACTIONS, TOOLS, Workspace, tokens
 from evoharness.traces import SYSTEM_PROMPT, final_observation
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
@@ -112,8 +112,15 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
                 max_meta_actions: int = 20, seed: int = 0, env_timeout_s: float = 60.0) -> EpisodeResult:
     """Play one episode of ``env`` (an adapter with ``reset``/``step``) with ``policy`` and ``workspace``.
 
-    Reward = won - cost (``EpisodeUsage.cost``): the cost charges *executed* meta-actions (invalid calls are
-    counted in ``invalid_meta`` and charged only their generated tokens) and every generated token.
+    Budgets: ``max_env_steps`` environment steps; ``max_meta_actions`` executed meta-actions (later ones are refused
+    with an error result); at most ``max_env_steps + max_meta_actions`` turns in all. Each environment call gets
+    ``env_timeout_s`` seconds; one that raises or hangs ends the episode unwon with ``error`` set.
+
+    Reward = won - cost (``EpisodeUsage.cost``): the cost charges *executed* meta-actions (invalid or refused calls
+    are counted and charged only their generated tokens) and every generated token.
+
+    The transcript holds one entry per turn: the tool and arguments, the result, the turn's cost in reward units,
+    and the rendered workspace after it.
     """
     from evoharness.timeouts import call_with_timeout
 
@@ -126,21 +133,33 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
     except Exception as exc:
         return _result(env, workspace, cost_cfg, False, 0, 0, 0, f"reset failed: {exc!r}", [], [])
     messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": res.observation}]
+    workspace.observe(0, res.observation)
     policy.start(messages, TOOLS)
     finished = False
-    while True:
+    for _turn in range(max_env_steps + max_meta_actions + 2):
         state = {"admissible_commands": res.admissible_commands, "expert_action": res.expert_action}
+        cost_before = workspace.usage.cost(cost_cfg)
+        tokens_before = getattr(policy, "generated_tokens", 0)
         dec = policy.decide(state)
+        workspace.usage.generated_tokens = getattr(policy, "generated_tokens", 0)
+        if getattr(policy, "truncated", False):
+            error = "context window full: episode truncated"
+            break
         malformed += dec.malformed
+        entry = {"turn": dec.name or "malformed", "args": dec.args, "generated_tokens":
+                 workspace.usage.generated_tokens - tokens_before}
         if finished:  # the last turn: only a note is executed
             if dec.name == "note":
-                text, _ = workspace.call("note", dec.args, env_steps)
-                transcript.append({"turn": "note", "args": dec.args, "result": text})
+                entry["result"], entry["ok"] = workspace.call("note", dec.args, env_steps)
+                transcript.append(_close(entry, workspace, cost_cfg, cost_before))
             break
-        if dec.name in META_ACTIONS and meta < max_meta_actions:
-            text, ok = workspace.call(dec.name, dec.args, env_steps)
-            meta += 1
-            transcript.append({"turn": dec.name, "args": dec.args, "result": text, "ok": ok})
+        if dec.name in META_ACTIONS:
+            if meta < max_meta_actions:
+                text, ok = workspace.call(dec.name, dec.args, env_steps)
+                meta += 1
+            else:
+                text, ok = f"error: meta-action budget of {max_meta_actions} spent; act instead", False
+            entry.update(result=text, ok=ok)
         else:
             command = str(dec.args.get("command", dec.text)) if dec.name == "act" else dec.text
             chosen = closest_admissible(command.strip(), res.admissible_commands)
@@ -151,17 +170,23 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
                 error = f"env.step({chosen!r}) failed: {exc!r}"
                 break
             env_steps += 1
-            text = res.observation
-            won = res.won
-            transcript.append({"turn": "act", "command": chosen, "generated": command, "result": text,
-                               "won": won})
+            text, won = res.observation, res.won
+            workspace.observe(env_steps, text)
+            entry.update(turn="act", command=chosen, generated=command, result=text, won=won)
             finished = res.done or env_steps >= max_env_steps
-        ws_tokens.append(len(workspace.render().split()))
-        if finished:
-            text = final_observation(text, won)
-        policy.observe(text)
-    workspace.usage.generated_tokens = getattr(policy, "generated_tokens", 0)
+        transcript.append(_close(entry, workspace, cost_cfg, cost_before))
+        ws_tokens.append(len(tokens(entry["workspace"])))
+        policy.observe(final_observation(text, won) if finished else text)
+    else:
+        error = error or "turn budget spent"
+    workspace.finish(won)
     return _result(env, workspace, cost_cfg, won, env_steps, malformed, remapped, error, ws_tokens, transcript)
+
+
+def _close(entry: dict, workspace: Workspace, cost_cfg: CostConfig, cost_before: float) -> dict:
+    entry["cost"] = workspace.usage.cost(cost_cfg) - cost_before
+    entry["workspace"] = workspace.render()
+    return entry
 
 
 def _result(env, ws, cost_cfg, won, env_steps, malformed, remapped, error, ws_tokens, transcript):

@@ -70,9 +70,10 @@ def ensure_data(repo: str | Path, cfg: CollectConfig, games: list[str], data_dir
     repo = Path(repo)
     data = repo / "data"
     ensure_dvc_repo(repo)
-    if _has_logs(data):
-        return {"status": "present", "md5": dvc_md5(repo) or dvc_add(repo), "manifest": None}
     committed = dvc_md5(repo)
+    if _has_logs(data):
+        md5 = dvc_add(repo)  # cheap when unchanged (DVC caches file hashes); records edits made by hand
+        return {"status": "present" if md5 == committed else "updated", "md5": md5, "manifest": None}
     if committed:
         from dvc.exceptions import CheckoutError
         from dvc.repo import Repo

@@ -91,6 +91,9 @@ class ExperienceStore:
             self._db.execute("UPDATE lessons SET uses = uses + 1 WHERE id = ?", (lesson["id"],))
         return [(lesson, float(score)) for lesson, score in ranked]
 
+    def record_success(self, lesson_id: int) -> None:
+        self._db.execute("UPDATE lessons SET successes = successes + 1 WHERE id = ?", (lesson_id,))
+
     def copy_to(self, path: str | Path) -> "ExperienceStore":
         """A new store at ``path`` holding the same lessons (SQLite's online backup)."""
         other = ExperienceStore(path)
@@ -100,8 +103,11 @@ class ExperienceStore:
 
 @dataclass
 class Fact:
+    """A Belief entry: its value, the step it was recorded at and the observation it came from."""
+
     value: str
     step: int
+    source: str = ""
 
 
 @dataclass
@@ -144,6 +150,18 @@ class Workspace:
         self.belief: dict[tuple[str, str], Fact] = {}
         self.progress: dict[str, Subgoal] = {}
         self.usage = EpisodeUsage()
+        self.last_observation = ""
+        self.recalled: set[int] = set()
+
+    def observe(self, step: int, observation: str) -> None:
+        """Tell the workspace what the environment just said (Belief facts cite it as their source)."""
+        self.last_observation = observation
+
+    def finish(self, won: bool) -> None:
+        """End of episode: lessons recalled in it count a use that ended in success when ``won``."""
+        if won:
+            for lesson_id in self.recalled:
+                self.experience.record_success(lesson_id)
 
     # --- meta-actions ---------------------------------------------------------------------------------
     def call(self, name: str, args: dict, step: int = 0) -> tuple[str, bool]:
@@ -166,7 +184,7 @@ class Workspace:
 
     def _track(self, args: dict, step: int) -> str:
         entity, attribute, value = (_req_str(args, k) for k in ("entity", "attribute", "value"))
-        self.belief[(entity, attribute)] = Fact(value, step)
+        self.belief[(entity, attribute)] = Fact(value, step, self.last_observation)
         return f"ok: {entity} {attribute} = {value}"
 
     def _commit(self, args: dict, step: int) -> str:
@@ -190,6 +208,7 @@ class Workspace:
 
     def _recall(self, args: dict, step: int) -> str:
         hits = self.experience.search(_req_str(args, "query"), self.recall_top_k)
+        self.recalled.update(lesson["id"] for lesson, _ in hits)
         if not hits:
             return "no lessons yet"
         return "\n".join(f"[{score:.1f}] {lesson['text']}" for lesson, score in hits)

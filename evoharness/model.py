@@ -54,10 +54,15 @@ def build_default_model(cfg: ModelConfig, trace_file: str | Path, out_dir: str |
         raise ValueError(f"{trace_file}: no traces to train the tokenizer on (did collection win any episode?)")
     from transformers import PreTrainedTokenizerFast
 
+    from trl.chat_template_utils import get_training_chat_template
+
     bootstrap = PreTrainedTokenizerFast(tokenizer_object=_whitespace_tokenizer())
     bootstrap.chat_template = qwen3_chat_template()
-    texts = [bootstrap.apply_chat_template(r["messages"], tools=json.loads(r["tools"]), tokenize=False)
-             for r in rows]
+    # Train on the text SFT will see: TRL's training variant of the template (every assistant turn opens with
+    # "<think>\n\n</think>\n\n"), so the BPE merges cover that scaffolding.
+    training_template = get_training_chat_template(bootstrap) or bootstrap.chat_template
+    texts = [bootstrap.apply_chat_template(r["messages"], tools=json.loads(r["tools"]), tokenize=False,
+                                           chat_template=training_template) for r in rows]
     tokenizer = train_tokenizer(texts, cfg.vocab_size)
     torch.manual_seed(cfg.seed)
     config = Qwen3Config(

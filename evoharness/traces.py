@@ -97,8 +97,10 @@ class Teacher:
         meta("recall", {"query": ep.task or ep.task_type}, 0)
         meta("commit", {"id": "goal", "status": "active", "text": ep.task}, 0)
         next_goal, failures, found_at = 0, 0, None
+        ws.observe(0, ep.records[0]["observation"])
         for rec in ep.records[1:]:
             obs, step = rec["observation"], rec["step"]
+            ws.observe(step, obs)
             shown = final_observation(obs, rec["won"]) if rec["done"] else obs
             msgs.extend([tool_call_message("act", {"command": rec["action"]}), {"role": "tool", "content": shown}])
             if rec["done"]:

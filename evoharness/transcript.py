@@ -1,0 +1,48 @@
+"""Print one episode transcript (``transcripts.jsonl`` written by evaluation) as a readable table.
+
+    python -m evoharness.transcript runs/<run>/eval-valid_seen/transcripts.jsonl [--episode N] [--width W]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import textwrap
+from pathlib import Path
+
+
+def load_episode(path: str | Path, index: int = 0) -> dict:
+    """The ``index``-th episode of a transcripts JSONL file. Raises IndexError naming the file and its length."""
+    lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
+    if not 0 <= index < len(lines):
+        raise IndexError(f"{path} holds {len(lines)} episodes; --episode {index} is out of range")
+    return json.loads(lines[index])
+
+
+def format_table(episode: dict, width: int = 60) -> str:
+    """Turn, tool, arguments, result, cost and the workspace after each turn, as fixed-width text."""
+    head = (f"game {episode['game']}  won={episode['won']}  env steps={episode['env_steps']}  "
+            f"meta-actions={episode['meta_actions']}  cost={episode['cost']:.4f}  reward={episode['reward']:.4f}")
+    rows = [head, f"{'#':>3} {'tool':<8} {'call':<{width // 2}} {'result':<{width}} {'cost':>7}  workspace"]
+    for i, t in enumerate(episode["transcript"]):
+        call = t.get("command") or json.dumps(t.get("args", {}))
+        result = textwrap.shorten(str(t.get("result", "")).replace("\n", " | "), width=width, placeholder="...")
+        ws = str(t.get("workspace", "")).replace("\n", " | ")
+        rows.append(f"{i:>3} {t['turn']:<8} {textwrap.shorten(call, width // 2, placeholder='...'):<{width // 2}} "
+                    f"{result:<{width}} {t.get('cost', 0.0):>7.4f}  {textwrap.shorten(ws, 80, placeholder='...')}")
+    if episode.get("error"):
+        rows.append(f"error: {episode['error']}")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="Print one episode transcript as a table.")
+    p.add_argument("file")
+    p.add_argument("--episode", type=int, default=0)
+    p.add_argument("--width", type=int, default=60)
+    a = p.parse_args(argv)
+    print(format_table(load_episode(a.file, a.episode), a.width))
+
+
+if __name__ == "__main__":
+    main()
