@@ -113,7 +113,7 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
     """Play one episode of ``env`` (an adapter with ``reset``/``step``) with ``policy`` and ``workspace``.
 
     Budgets: ``max_env_steps`` environment steps; ``max_meta_actions`` executed meta-actions (later ones are refused
-    with an error result); at most ``max_env_steps + max_meta_actions`` turns in all. Each environment call gets
+    with an error result); at most ``max_env_steps + max_meta_actions + 2`` turns in all (room for refused calls and the last note). Each environment call gets
     ``env_timeout_s`` seconds; one that raises or hangs ends the episode unwon with ``error`` set.
 
     Reward = won - cost (``EpisodeUsage.cost``): the cost charges *executed* meta-actions (invalid or refused calls

@@ -47,6 +47,14 @@ def make_policy(policy: str, cfg: EvalConfig, cache_dir: str | Path):
     return LMPolicy(model, tokenizer, cfg.max_new_tokens, temperature=0.0)
 
 
+def spread(games: list[str], limit: int) -> list[str]:
+    """``limit`` games at evenly spaced positions of the sorted list (all task types, not just the first
+    folder's); ``limit`` 0 or >= len(games) gives every game."""
+    if not limit or limit >= len(games):
+        return list(games)
+    return [games[i * len(games) // limit] for i in range(limit)]
+
+
 def summarize(results, split: str, games_total: int) -> dict:
     """Success rate overall and by task type; mean steps, meta-actions (by type) and generated tokens per episode."""
     n = max(len(results), 1)

@@ -24,7 +24,7 @@ REPO = str(Path(__file__).resolve().parent.parent)
 @flow(name="evoharness-evaluate", log_prints=True)
 def evaluate_flow(policy: str, split: str = "valid_seen", limit: int = 0, profile: str = "default",
                   summary_json: str | None = None, repo: str = REPO) -> dict:
-    """Evaluate ``policy`` on ``split`` (first ``limit`` games, 0 = all); logs one MLflow run."""
+    """Evaluate ``policy`` on ``split`` (``limit`` games evenly spaced, 0 = all); logs one MLflow run."""
     cfg = load_profile(profile)
     ev_cfg = dataclasses.replace(cfg.evaluate, split=split, limit=limit)
     configure(repo)
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description="Evaluate a policy on an ALFWorld split.")
     p.add_argument("--policy", required=True, help="model folder, models:/NAME@ALIAS, expert or random")
     p.add_argument("--split", default="valid_seen")
-    p.add_argument("--limit", type=int, default=0, help="first N games of the split (0 = all)")
+    p.add_argument("--limit", type=int, default=0, help="N games evenly spaced over the split (0 = all)")
     p.add_argument("--profile", default="default")
     p.add_argument("--summary-json", default=None)
     a = p.parse_args(argv)

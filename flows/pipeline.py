@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--profile", default="default", help="profiles/<NAME>.yaml (default: default)")
     p.add_argument("--data-rev", default=None, help="git rev whose data.dvc names the logs (default: workspace)")
     p.add_argument("--split", default=None, help="evaluation split (default: the profile's, valid_seen)")
-    p.add_argument("--limit", type=int, default=None, help="evaluate only the first N games (0 = all)")
+    p.add_argument("--limit", type=int, default=None, help="evaluate N games evenly spaced over the split (0 = all)")
     p.add_argument("--summary-json", default=None, help="write the summary JSON here")
     a = p.parse_args(argv)
     return pipeline(profile=a.profile, data_rev=a.data_rev, split=a.split, limit=a.limit, summary_json=a.summary_json)

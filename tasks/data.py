@@ -37,6 +37,7 @@ def ingest_task(repo: str, data_rev: str | None, parent_run_id: str) -> tuple[li
     with start_run("ingest", parent_run_id, tags={"data_rev": data_rev or "workspace"}):
         episodes, md5 = rawlog.read_episodes(repo, data_rev)
         mlflow.set_tag("dvc_md5", md5)
+        mlflow.MlflowClient().set_tag(parent_run_id, "dvc_md5", md5)
         mlflow.log_metrics({"episodes": len(episodes), "steps": sum(len(e.records) - 1 for e in episodes),
                             "won": sum(e.won for e in episodes)})
     get_run_logger().info(f"ingested {len(episodes)} episodes at rev {data_rev or 'workspace'} (md5 {md5})")

@@ -11,17 +11,17 @@ from prefect.cache_policies import NO_CACHE
 
 from evoharness.alfworld_env import list_games
 from evoharness.config import CostConfig, EvalConfig
-from evoharness.evaluate import evaluate
+from evoharness.evaluate import evaluate, spread
 from evoharness.tracking import flat, log_and_register, start_run
 
 
 @task(name="evaluate", retries=1, retry_delay_seconds=5, timeout_seconds=6 * 3600, cache_policy=NO_CACHE)
 def evaluate_task(policy: str, cfg: EvalConfig, cost: CostConfig, work_dir: str, parent_run_id: str | None,
                   experience_path: str | None = None, model_uri: str | None = None) -> dict:
-    """Play ``cfg.limit`` games of ``cfg.split`` (0 = all) with ``policy``; log the summary to a (nested) run."""
+    """Play ``cfg.limit`` evenly spaced games of ``cfg.split`` (0 = all) with ``policy``; log the summary to a (nested) run."""
     log = get_run_logger()
     all_games = list_games(cfg.split)
-    games = all_games[: cfg.limit] if cfg.limit else all_games
+    games = spread(all_games, cfg.limit)
     out = Path(work_dir) / f"eval-{cfg.split}"
     with start_run(f"evaluate-{cfg.split}", parent_run_id,
                    tags={"policy": policy, "split": cfg.split, "model_uri": model_uri or policy}) as run:

@@ -23,6 +23,7 @@ def build_traces_task(episodes: list, md5: str, cfg: PipelineConfig, work_dir: s
     with start_run("build_traces", parent_run_id, tags={"dvc_md5": md5}):
         stats = build_traces(episodes, cfg.traces, out, experience_path=out / "experience.db")
         mlflow.set_tag("trace_hash", stats["content_hash"])
+        mlflow.MlflowClient().set_tag(parent_run_id, "trace_hash", stats["content_hash"])
         mlflow.log_params({f"traces.{k}": v for k, v in cfg.traces.__dict__.items()})
         mlflow.log_metrics({"episodes": stats["episodes"], "kept": stats["kept"], "steps": stats["steps"],
                             "lessons": stats["lessons"], **{f"meta_actions_per_episode.{k}": v

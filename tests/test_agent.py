@@ -78,3 +78,81 @@ class Crashing:
 def test_crashed_environment_ends_episode_as_failed():
     res = run_episode(Crashing(), Scripted([]), Workspace(ExperienceStore()), CostConfig())
     assert not res.won and "engine died" in res.error and res.env_steps == 0
+
+
+class Hanging(Crashing):
+    def step(self, action):
+        import time
+
+        time.sleep(30)
+
+
+def test_hanging_environment_times_out_and_ends_the_episode():
+    import time
+
+    t0 = time.time()
+    res = run_episode(Hanging(), Scripted([]), Workspace(ExperienceStore()), CostConfig(), env_timeout_s=1.0)
+    assert time.time() - t0 < 10
+    assert not res.won and "did not return within 1.0s" in res.error
+
+
+def test_meta_action_budget_refuses_extra_calls_and_turns_are_bounded():
+    script = [Decision("recall", {"query": "x"})] * 50
+    res = run_episode(Crashing(), Scripted(script), Workspace(ExperienceStore()), CostConfig(), max_env_steps=3,
+                      max_meta_actions=2)
+    assert res.meta_actions["recall"] == 2
+    assert res.error == "turn budget spent" and len(res.transcript) == 3 + 2 + 2  # budgets + the note turn + 1
+    assert res.transcript[2]["result"].startswith("error: meta-action budget of 2 spent")
+
+
+class Tracker(Scripted):
+    """Random moves, with a `track` of every object in every observation (a harness that logs everything)."""
+
+    def __init__(self):
+        import random
+
+        super().__init__([])
+        self.pending, self.rng = [], random.Random(0)
+
+    def decide(self, state):
+        self.generated_tokens += 5
+        if self.pending:
+            return self.pending.pop()
+        moves = [c for c in state["admissible_commands"] if c.startswith(("go to", "open"))]
+        return Decision("act", {"command": self.rng.choice(moves or ["look"])})
+
+    def observe(self, text):
+        import re
+
+        if text.startswith(("ok:", "error:")):
+            return
+        for i, obj in enumerate(re.findall(r"\b([a-z]+ \d+)", text)):
+            self.pending.append(Decision("track", {"entity": obj, "attribute": "seen", "value": f"turn {i}"}))
+
+
+def test_workspace_stays_within_budget_over_a_50_step_episode():
+    game = list_games("valid_seen", limit=1, offset=100)[0]
+    env = ALFWorldEnv(game, max_steps=51)
+    ws = Workspace(ExperienceStore(), "long", render_budget_tokens=160)
+    res = run_episode(env, Tracker(), ws, CostConfig(), max_env_steps=50, max_meta_actions=400)
+    env.close()
+    assert res.env_steps == 50 and res.meta_actions["track"] > 50
+    assert len(res.workspace_tokens) == len(res.transcript) and max(res.workspace_tokens) <= 160
+    assert len(ws.belief) > 12  # Belief holds everything; the rendering keeps the newest within budget
+
+
+def test_transcript_table_command(tmp_path, capsys):
+    import json
+
+    from evoharness.transcript import main
+
+    res = run_episode(Crashing(), Scripted([Decision("commit", {"id": "g", "status": "active"})]),
+                      Workspace(ExperienceStore()), CostConfig())
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(res.__dict__) + "\n")
+    main([str(path)])
+    out = capsys.readouterr().out
+    assert "game crash  won=False" in out and "commit" in out and "ok: g active" in out
+    assert "error: env.step('look') failed" in out
+    with pytest.raises(IndexError, match="holds 1 episodes"):
+        main([str(path), "--episode", "3"])

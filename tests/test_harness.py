@@ -1,4 +1,4 @@
-import threading
+import multiprocessing
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -94,16 +94,21 @@ def test_any_meta_action_sequence_leaves_a_valid_workspace(calls):
     assert len(tokens(w.render())) <= 40
 
 
-def test_two_concurrent_writers_lose_no_lesson(tmp_path):
+def _writer(path, tag):
+    store = ExperienceStore(path)
+    for i in range(100):
+        store.add(f"lesson {tag} {i}", [tag])
+        store.add("a shared lesson", [])
+
+
+def test_two_concurrent_writer_processes_lose_no_lesson(tmp_path):
     path = tmp_path / "exp.db"
     ExperienceStore(path)
-
-    def writer(tag):
-        store = ExperienceStore(path)
-        for i in range(50):
-            store.add(f"lesson {tag} {i}", [tag])
-
-    threads = [threading.Thread(target=writer, args=(t,)) for t in ("a", "b")]
-    [t.start() for t in threads]
-    [t.join() for t in threads]
-    assert len(ExperienceStore(path).all()) == 100
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(str(path), t)) for t in ("a", "b")]
+    [p.start() for p in procs]
+    [p.join(60) for p in procs]
+    assert [p.exitcode for p in procs] == [0, 0]
+    lessons = ExperienceStore(path).all()
+    assert len(lessons) == 201
+    assert [x["count"] for x in lessons if x["text"] == "a shared lesson"] == [200]

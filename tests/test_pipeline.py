@@ -63,6 +63,8 @@ def test_mlflow_runs_metrics_registry_and_lineage(first_run, pipeline_repo):
     parent = client.get_run(first_run["mlflow_run_id"])
     assert parent.data.tags["git_commit"] == git(pipeline_repo, "rev-parse", "HEAD~1")
     assert parent.data.tags["profile"] == "tiny" and parent.data.tags["prefect_flow_run_id"]
+    assert parent.data.tags["dvc_md5"] == dvc_md5(pipeline_repo) and parent.data.tags["data_rev"] == "workspace"
+    assert parent.data.tags["trace_hash"] == first_run["traces"]["content_hash"]
     children = client.search_runs([parent.info.experiment_id],
                                   f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     by_name = {r.info.run_name: r for r in children}
@@ -77,7 +79,7 @@ def test_mlflow_runs_metrics_registry_and_lineage(first_run, pipeline_repo):
     ev = by_name["evaluate-valid_seen"].data.metrics
     assert ev["episodes"] == 2 and ev["success_rate"] == first_run["success_rate"]
     version = client.get_model_version_by_alias("evoharness-policy", "candidate")
-    assert version.version == "1"
+    assert str(version.version) == "1"
     tags = version.tags
     assert tags["dvc_md5"] == dvc_md5(pipeline_repo)
     assert tags["trace_hash"] == first_run["traces"]["content_hash"]

@@ -70,3 +70,11 @@ def test_grpo_step_runs_on_a_real_game(tmp_path, base_model, traces):
     assert first["reward"] == pytest.approx(-first["cost"])
     assert first["generated_tokens"] > 0
     assert (tmp_path / "final" / "model.safetensors").exists()
+
+
+def test_sft_two_cpu_processes_run_ddp_with_world_size_2(tmp_path, traces, base_model):
+    """`accelerate/cpu_2proc.yaml` really starts two processes (the `--cpu` flag alone silently runs one)."""
+    spec = {"model_path": base_model, "train_file": str(traces / "train.jsonl"), "output_dir": str(tmp_path),
+            "sft": dataclasses.asdict(SFTStageConfig(max_steps=1, per_device_train_batch_size=1, num_processes=2))}
+    result = accelerate_launch("evoharness.sft", spec, tmp_path, num_processes=2)
+    assert result["world_size"] == 2 and result["global_step"] == 1

@@ -1,0 +1,63 @@
+"""Exact workspace states for a hand-written observation sequence taken from a real ALFWorld game
+(train/pick_heat_then_place_in_recep-Mug-None-Cabinet-22)."""
+
+from evoharness.config import TraceConfig
+from evoharness.harness import Fact, Subgoal
+from evoharness.rawlog import Episode
+from evoharness.traces import Teacher
+
+GAME = "train/pick_heat_then_place_in_recep-Mug-None-Cabinet-22/trial_T20190908_072939_855818/game.tw-pddl"
+STEPS = [
+    (None, "-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around you, you "
+           "see a cabinet 4, a cabinet 1, a microwave 1.\n\nYour task is to: put a hot mug in cabinet."),
+    ("go to cabinet 4", "You arrive at cabinet 4. The cabinet 4 is closed."),
+    ("put mug 1 in cabinet 4", "Nothing happens."),
+    ("open cabinet 4", "You open the cabinet 4. The cabinet 4 is open. In it, you see a mug 1."),
+    ("take mug 1 from cabinet 4", "You pick up the mug 1 from the cabinet 4."),
+    ("go to microwave 1", "You arrive at microwave 1. The microwave 1 is closed."),
+    ("heat mug 1 with microwave 1", "You heat the mug 1 using the microwave 1."),
+    ("go to cabinet 1", "You arrive at cabinet 1. The cabinet 1 is closed."),
+    ("open cabinet 1", "You open the cabinet 1. The cabinet 1 is open. In it, you see nothing."),
+    ("move mug 1 to cabinet 1", "You move the mug 1 to the cabinet 1."),
+]
+
+
+def episode() -> Episode:
+    recs = []
+    for step, (action, obs) in enumerate(STEPS):
+        last = step == len(STEPS) - 1
+        recs.append({"game": GAME, "task_type": "pick_heat_then_place_in_recep", "episode_id": "ep-heat",
+                     "step": step, "observation": obs, "admissible_commands": ["look"], "action": action,
+                     "action_source": None if step == 0 else "expert", "reward": float(last), "done": last,
+                     "won": last, "perturbed": False})
+    return Episode("ep-heat", GAME, "pick_heat_then_place_in_recep", recs)
+
+
+def test_exact_belief_progress_and_experience_after_the_episode():
+    teacher = Teacher(TraceConfig())
+
+    row = teacher.annotate(episode())
+    names = [(m["tool_calls"][0]["function"]["name"]) for m in row["messages"] if m["role"] == "assistant"]
+    assert names == ["recall", "commit", "act", "act", "act", "track", "commit", "act", "track", "commit", "act",
+                     "act", "track", "commit", "act", "act", "act", "note"]
+    assert row["meta_actions"] == {"track": 3, "commit": 4, "recall": 1, "note": 1}
+    assert row["workspace"] == ("Progress: 3 done; goal active: put a hot mug in cabinet.\n"
+                                "Belief: mug 1 state=hot; mug 1 location=inventory")
+    lessons = teacher.experience.all()
+    assert [(x["text"], x["tags"], x["source_episode"]) for x in lessons] == [
+        ("'put X in Y' does nothing: use 'move X to Y'", ["pick_heat_then_place_in_recep", "mug"], "ep-heat")]
+
+
+def test_workspace_objects_hold_sources_and_dependencies():
+    from evoharness.harness import ExperienceStore, Workspace
+
+    ws = Workspace(ExperienceStore(), "ep")
+    ws.observe(3, STEPS[3][1])
+    ws.call("track", {"entity": "mug 1", "attribute": "location", "value": "cabinet 4"}, 3)
+    ws.call("commit", {"id": "find", "status": "done", "text": "find a mug"}, 3)
+    ws.observe(4, STEPS[4][1])
+    ws.call("track", {"entity": "mug 1", "attribute": "location", "value": "inventory"}, 4)
+    ws.call("commit", {"id": "take", "status": "done", "text": "take a mug", "depends_on": ["find"]}, 4)
+    assert ws.belief == {("mug 1", "location"): Fact("inventory", 4, STEPS[4][1])}
+    assert ws.progress == {"find": Subgoal("find", "find a mug", "done", []),
+                           "take": Subgoal("take", "take a mug", "done", ["find"])}
