@@ -16,8 +16,7 @@ import re
 from dataclasses import dataclass, field
 
 from evoharness.config import CostConfig
-from evoharness.harness import META_ACTIONS, TOOLS, Workspace, tokens
-from evoharness.traces import SYSTEM_PROMPT, final_observation
+from evoharness.harness import META_ACTIONS, SYSTEM_PROMPT, TOOLS, Workspace, final_observation, tokens
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 
@@ -113,7 +112,8 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
     """Play one episode of ``env`` (an adapter with ``reset``/``step``) with ``policy`` and ``workspace``.
 
     Budgets: ``max_env_steps`` environment steps; ``max_meta_actions`` executed meta-actions (later ones are refused
-    with an error result); at most ``max_env_steps + max_meta_actions + 2`` turns in all (room for refused calls and the last note). Each environment call gets
+    with an error result); at most ``max_env_steps + max_meta_actions + 2`` turns in all (room for refused calls
+    and the last note). Each environment call gets
     ``env_timeout_s`` seconds; one that raises or hangs ends the episode unwon with ``error`` set.
 
     Reward = won - cost (``EpisodeUsage.cost``): the cost charges *executed* meta-actions (invalid or refused calls

@@ -49,7 +49,8 @@ def list_games(split: str, limit: int = 0, offset: int = 0, stride: int = 1,
     """Game paths of a split, relative to ``json_2.1.1`` (e.g. ``train/<task>/<trial>/game.tw-pddl``), sorted.
 
     Any split name works (``train``, ``valid_seen``, ``valid_unseen``, ...). ``offset``/``stride``/``limit`` select
-    ``sorted[offset::stride][:limit]`` (limit 0 = all). Raises FileNotFoundError naming the split and the splits present.
+    ``sorted[offset::stride][:limit]`` (limit 0 = all).
+    Raises FileNotFoundError naming the split and the splits present.
     """
     root = games_root(data_dir)
     split_dir = root / split

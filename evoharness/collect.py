@@ -81,7 +81,8 @@ def play_expert_episode(game: str, cfg: CollectConfig, data_dir: str | None = No
                 if rng.random() < cfg.invalid_share:
                     action, source = invalid_command(rng, res.admissible_commands), "invalid"
                 else:
-                    action, source = rng.choice([c for c in res.admissible_commands if c != "help"] or ["look"]), "random"
+                    moves = [c for c in res.admissible_commands if c != "help"] or ["look"]
+                    action, source = rng.choice(moves), "random"
             res = env.step(action)
             records.append({**base, "step": step, "observation": res.observation,
                             "admissible_commands": res.admissible_commands, "action": action,

@@ -24,8 +24,7 @@ import time
 from pathlib import Path
 
 from evoharness.config import CostConfig, GRPOStageConfig
-from evoharness.harness import META_ACTIONS, TOOLS, ExperienceStore, Workspace
-from evoharness.traces import SYSTEM_PROMPT
+from evoharness.harness import META_ACTIONS, SYSTEM_PROMPT, ExperienceStore, Workspace
 
 
 def episode_metrics(results) -> dict:
@@ -73,7 +72,6 @@ class HarnessRollouts:
 
     def __call__(self, prompts: list, trainer) -> dict:
         import mlflow
-
         from evoharness.agent import run_episode
         from evoharness.alfworld_env import ALFWorldEnv
         from evoharness.lm_policy import LMPolicy

@@ -21,6 +21,19 @@ from pathlib import Path
 
 from evoharness.config import CostConfig
 
+SYSTEM_PROMPT = (
+    "You are a household agent in a text world. Each turn, call exactly one tool. `act` runs one environment "
+    "command. Your workspace helps you: `track` records facts (Belief), `commit` records subgoals (Progress), "
+    "`recall` reads lessons and `note` writes one (Experience). Meta-actions cost reward: use them when they pay."
+)
+
+NOTHING = "Nothing happens."
+
+
+def final_observation(observation: str, won: bool) -> str:
+    """The last observation of an episode as the policy sees it (traces and the policy loop agree)."""
+    return observation + "\nThe episode is over." + (" You won." if won else "")
+
 META_ACTIONS = ("track", "commit", "recall", "note")
 STATUSES = ("pending", "active", "done", "failed")
 

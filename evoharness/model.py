@@ -53,7 +53,6 @@ def build_default_model(cfg: ModelConfig, trace_file: str | Path, out_dir: str |
     if not rows:
         raise ValueError(f"{trace_file}: no traces to train the tokenizer on (did collection win any episode?)")
     from transformers import PreTrainedTokenizerFast
-
     from trl.chat_template_utils import get_training_chat_template
 
     bootstrap = PreTrainedTokenizerFast(tokenizer_object=_whitespace_tokenizer())

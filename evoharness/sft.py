@@ -53,7 +53,8 @@ def train_sft(model_path: str, train_file: str, output_dir: str, cfg: SFTStageCo
         lr_scheduler_type="cosine", warmup_steps=cfg.warmup_ratio, logging_steps=cfg.logging_steps,
         save_steps=cfg.save_steps, save_total_limit=2, seed=cfg.seed, use_cpu=True, bf16=False,
         report_to=["mlflow"] if os.environ.get("MLFLOW_RUN_ID") else "none",
-        eval_strategy="epoch" if valid is not None else "no", per_device_eval_batch_size=cfg.per_device_train_batch_size,
+        eval_strategy="epoch" if valid is not None else "no",
+        per_device_eval_batch_size=cfg.per_device_train_batch_size,
         dataloader_num_workers=0, disable_tqdm=False,
     )
     trainer = SFTTrainer(model=model, args=args, train_dataset=train, eval_dataset=valid, processing_class=tokenizer)

@@ -20,21 +20,9 @@ from pathlib import Path
 
 from evoharness.alfworld_env import task_params_from_path
 from evoharness.config import TraceConfig
-from evoharness.harness import TOOLS, ExperienceStore, Workspace
+from evoharness.harness import NOTHING, SYSTEM_PROMPT, TOOLS, ExperienceStore, Workspace, final_observation
 from evoharness.rawlog import Episode
 
-SYSTEM_PROMPT = (
-    "You are a household agent in a text world. Each turn, call exactly one tool. `act` runs one environment "
-    "command. Your workspace helps you: `track` records facts (Belief), `commit` records subgoals (Progress), "
-    "`recall` reads lessons and `note` writes one (Experience). Meta-actions cost reward: use them when they pay."
-)
-
-NOTHING = "Nothing happens."
-
-
-def final_observation(observation: str, won: bool) -> str:
-    """The last observation of an episode as the policy sees it (traces and the policy loop agree)."""
-    return observation + "\nThe episode is over." + (" You won." if won else "")
 _EFFECTS = {"clean": "clean", "heat": "hot", "cool": "cool"}
 
 

@@ -71,9 +71,8 @@ def log_and_register(model_path: str, registered_name: str, alias: str, tags: di
     Returns ``{"model_uri", "version", "logged_model_uri"}``; ``model_uri`` is ``models:/NAME/VERSION``.
     """
     import mlflow
-    from mlflow import MlflowClient
-
     from evoharness.model import load_policy
+    from mlflow import MlflowClient
 
     model, tokenizer = load_policy(model_path)
     info = mlflow.transformers.log_model(

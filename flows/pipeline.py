@@ -16,8 +16,8 @@ from evoharness.report import pipeline_summary, print_summary, write_summary
 from tasks.data import collect_task, ingest_task
 from tasks.evaluation import evaluate_task, register_task
 from tasks.run import pipeline_run
-from tasks.training import grpo_task, sft_task
 from tasks.traces import build_traces_task
+from tasks.training import grpo_task, sft_task
 
 REPO = str(Path(__file__).resolve().parent.parent)
 

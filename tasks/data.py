@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import mlflow
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+import mlflow
 from evoharness import datastore, rawlog
 from evoharness.alfworld_env import list_games
 from evoharness.config import PipelineConfig

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import mlflow
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+import mlflow
 from evoharness.alfworld_env import list_games
 from evoharness.config import CostConfig, EvalConfig
 from evoharness.evaluate import evaluate, spread
@@ -18,7 +17,8 @@ from evoharness.tracking import flat, log_and_register, start_run
 @task(name="evaluate", retries=1, retry_delay_seconds=5, timeout_seconds=6 * 3600, cache_policy=NO_CACHE)
 def evaluate_task(policy: str, cfg: EvalConfig, cost: CostConfig, work_dir: str, parent_run_id: str | None,
                   experience_path: str | None = None, model_uri: str | None = None) -> dict:
-    """Play ``cfg.limit`` evenly spaced games of ``cfg.split`` (0 = all) with ``policy``; log the summary to a (nested) run."""
+    """Play ``cfg.limit`` evenly spaced games of ``cfg.split`` (0 = all) with ``policy``; log the summary to a
+    (nested) run."""
     log = get_run_logger()
     all_games = list_games(cfg.split)
     games = spread(all_games, cfg.limit)

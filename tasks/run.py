@@ -6,7 +6,6 @@ import contextlib
 import json
 
 import mlflow
-
 from evoharness.config import PipelineConfig
 from evoharness.tracking import configure, git_info, start_run
 

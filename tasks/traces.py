@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import mlflow
-from prefect import get_run_logger, task
 from mlflow.data.meta_dataset import MetaDataset
 from mlflow.data.sources import LocalArtifactDatasetSource
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+import mlflow
 from evoharness.config import PipelineConfig
 from evoharness.traces import build_traces
 from evoharness.tracking import start_run

@@ -10,10 +10,10 @@ import dataclasses
 import json
 from pathlib import Path
 
-import mlflow
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+import mlflow
 from evoharness.alfworld_env import list_games
 from evoharness.config import PipelineConfig
 from evoharness.launch import accelerate_launch

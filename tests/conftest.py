@@ -22,16 +22,19 @@ def git(repo, *args):
     return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
 
 
-@pytest.fixture
-def git_repo(tmp_path):
-    """An empty git repository with one commit (DVC needs git)."""
-    repo = tmp_path / "repo"
-    repo.mkdir()
+def make_git_repo(repo):
+    """An empty git repository with one commit at ``repo`` (DVC needs git)."""
+    repo.mkdir(parents=True)
     git(repo, "init", "-q")
     git(repo, "config", "user.email", "test@example.com")
     git(repo, "config", "user.name", "test")
     git(repo, "commit", "-q", "--allow-empty", "-m", "init")
     return repo
+
+
+@pytest.fixture
+def git_repo(tmp_path):
+    return make_git_repo(tmp_path / "repo")
 
 
 TINY_COLLECT = CollectConfig(num_games=3, stride=1100, perturb_share=0.34, workers=1, max_steps=50)

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from conftest import TINY_COLLECT, git
+from conftest import TINY_COLLECT, git, make_git_repo
 from evoharness.datastore import DataVersionMismatch, ensure_data
 from evoharness.rawlog import dvc_md5
 
@@ -24,13 +24,7 @@ def prefect_backend():
 
 @pytest.fixture(scope="module")
 def pipeline_repo(tmp_path_factory):
-    repo = tmp_path_factory.mktemp("pipeline") / "repo"
-    repo.mkdir()
-    git(repo, "init", "-q")
-    git(repo, "config", "user.email", "t@example.com")
-    git(repo, "config", "user.name", "t")
-    git(repo, "commit", "-q", "--allow-empty", "-m", "init")
-    return repo
+    return make_git_repo(tmp_path_factory.mktemp("pipeline") / "repo")
 
 
 @pytest.fixture(scope="module")
