@@ -21,8 +21,9 @@ export OMP_NUM_THREADS ?= 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
 export PYTHONUNBUFFERED := 1
+export PREFECT_RESULTS_LOCAL_STORAGE_PATH ?= $(CURDIR)/runs/prefect-results
 
-.PHONY: run test venv data clean-runs
+.PHONY: run test venv data clean-runs deploy deploy-stop
 
 run: venv data
 	$(PY) -m flows.pipeline $(ARGS)
@@ -49,6 +50,13 @@ data:
 	  mkdir -p "$(ALFWORLD_DATA)"; echo "unpacking ALFWorld games into $(ALFWORLD_DATA)"; \
 	  xz -dc "$$archive" | tar -x -C "$(ALFWORLD_DATA)"; \
 	fi
+
+# A local Prefect server + process worker on 127.0.0.1 serving the deployments of prefect.yaml.
+deploy: venv data
+	scripts/deploy.sh start
+
+deploy-stop:
+	scripts/deploy.sh stop
 
 clean-runs:
 	rm -rf runs

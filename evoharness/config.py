@@ -183,9 +183,9 @@ class PipelineConfig:
         """The resolved config as plain JSON-able data."""
         return dataclasses.asdict(self)
 
-    def digest(self, section: str) -> str:
-        """sha256 (hex, 16 chars) of one section's resolved values, used as a cache and lineage key."""
-        blob = json.dumps(dataclasses.asdict(getattr(self, section)), sort_keys=True)
+    def digest(self, section: str | None = None) -> str:
+        """sha256 (hex, 16 chars) of one section's resolved values (or of the whole config), for lineage."""
+        blob = json.dumps(dataclasses.asdict(getattr(self, section) if section else self), sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

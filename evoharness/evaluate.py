@@ -59,8 +59,10 @@ def summarize(results, split: str, games_total: int) -> dict:
     """Success rate overall and by task type; mean steps, meta-actions (by type) and generated tokens per episode."""
     n = max(len(results), 1)
     by_type: dict[str, list[bool]] = {}
+    meta_by_type: dict[str, list[dict]] = {}
     for r in results:
         by_type.setdefault(TASK_TYPES.get(r.task_type, r.task_type), []).append(r.won)
+        meta_by_type.setdefault(TASK_TYPES.get(r.task_type, r.task_type), []).append(r.meta_actions)
     return {
         "split": split,
         "episodes": len(results),
@@ -70,6 +72,8 @@ def summarize(results, split: str, games_total: int) -> dict:
         "episodes_by_task_type": {k: len(v) for k, v in sorted(by_type.items())},
         "mean_steps": sum(r.env_steps for r in results) / n,
         "meta_actions_per_episode": {m: sum(r.meta_actions.get(m, 0) for r in results) / n for m in META_ACTIONS},
+        "meta_actions_by_task_type": {t: {m: sum(x.get(m, 0) for x in v) / len(v) for m in META_ACTIONS}
+                                      for t, v in sorted(meta_by_type.items())},
         "generated_tokens_per_episode": sum(r.generated_tokens for r in results) / n,
         "malformed_per_episode": sum(r.malformed for r in results) / n,
         "remapped_per_episode": sum(r.remapped for r in results) / n,

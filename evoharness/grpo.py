@@ -145,7 +145,10 @@ def train_grpo(model_path: str, games: list[str], output_dir: str, cfg: GRPOStag
     final = out / "final"
     trainer.save_model(str(final))
     tokenizer.save_pretrained(str(final))
-    history = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+    by_step = {}  # a resumed run may have logged a step twice: keep the last
+    for line in (out / "history.jsonl").read_text().splitlines():
+        by_step[json.loads(line)["step"]] = json.loads(line)
+    history = [by_step[k] for k in sorted(by_step)]
     return {"final_path": str(final), "global_step": trainer.state.global_step, "resumed_from": last,
             "first": history[0], "last": history[-1], "steps_logged": len(history)}
 

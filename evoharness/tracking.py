@@ -64,6 +64,17 @@ def flat(prefix: str, d: dict) -> dict:
     return out
 
 
+def log_trace_dataset(path: str, content_hash: str, context: str = "training") -> None:
+    """Log the trace dataset as an MLflow dataset input of the active run, its content hash as the digest."""
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.data.sources import LocalArtifactDatasetSource
+
+    import mlflow
+
+    dataset = MetaDataset(source=LocalArtifactDatasetSource(str(path)), name="bpe-traces", digest=content_hash[:16])
+    mlflow.log_input(dataset, context=context, tags={"trace_hash": content_hash})
+
+
 def log_and_register(model_path: str, registered_name: str, alias: str, tags: dict) -> dict:
     """Log the policy in ``model_path`` with ``mlflow.transformers.log_model`` to the active run, register it under
     ``registered_name``, tag the version with ``tags`` and point ``alias`` at it.

@@ -1,6 +1,6 @@
 """The main flow: DVC-tracked logs -> BPE traces -> SFT -> cost-aware GRPO -> evaluation -> registered policy.
 
-    python -m flows.pipeline [--profile NAME] [--data-rev REV] [--split NAME] [--summary-json FILE]
+    python -m flows.pipeline [--profile NAME] [--data-rev REV] [--split NAME] [--limit N] [--summary-json FILE]
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from prefect import flow
 
 from evoharness.config import load_profile
 from evoharness.report import pipeline_summary, print_summary, write_summary
+from tasks.caching import run_stage
 from tasks.data import collect_task, ingest_task
-from tasks.evaluation import evaluate_task, register_task
+from tasks.evaluation import evaluate_task, promote_task, register_task
 from tasks.run import pipeline_run
 from tasks.traces import build_traces_task
 from tasks.training import grpo_task, sft_task
@@ -25,32 +26,45 @@ REPO = str(Path(__file__).resolve().parent.parent)
 @flow(name="evoharness-pipeline")
 def pipeline(profile: str = "default", data_rev: str | None = None, split: str | None = None,
              limit: int | None = None, summary_json: str | None = None, repo: str = REPO) -> dict:
-    """Run every stage once; returns the summary (also written to ``summary_json`` when given)."""
+    """Run every stage once (cached stages are reused); returns the summary, also written to ``summary_json``."""
     cfg = load_profile(profile, {"evaluate": {k: v for k, v in (("split", split), ("limit", limit)) if v is not None}})
-    work = Path(repo) / "runs" / time.strftime(f"%Y%m%d-%H%M%S-{cfg.profile}")
-    walls, t = {}, time.time()
+    runs = str(Path(repo) / "runs")
+    evals = str(Path(runs) / "eval" / time.strftime(f"%Y%m%d-%H%M%S-{cfg.profile}"))
+    walls, cached, t = {}, {}, time.time()
+
+    def lap(stage: str, was_cached: bool = False) -> None:
+        nonlocal t
+        walls[stage], cached[stage], t = time.time() - t, was_cached, time.time()
+
     with pipeline_run("pipeline", cfg, repo, data_rev) as parent:
         pid = parent.info.run_id
         data = collect_task(cfg, repo, pid)
-        walls["collect"], t = time.time() - t, time.time()
+        lap("collect")
         episodes, md5 = ingest_task(repo, data_rev, pid)
-        walls["ingest"], t = time.time() - t, time.time()
-        traces = build_traces_task(episodes, md5, cfg, str(work), pid)
-        walls["build_traces"], t = time.time() - t, time.time()
-        sft = sft_task(cfg, traces, str(work), pid)
-        walls["sft"], t = time.time() - t, time.time()
-        grpo = grpo_task(cfg, sft, traces, str(work), pid)
-        walls["grpo"], t = time.time() - t, time.time()
+        lap("ingest")
+        traces, hit = run_stage(build_traces_task, episodes, md5, cfg, runs, pid)
+        lap("build_traces", hit)
+        sft, hit = run_stage(sft_task, cfg, traces, runs, pid)
+        lap("sft", hit)
+        grpo, hit = run_stage(grpo_task, cfg, sft, traces, runs, pid)
+        lap("grpo", hit)
         lineage = {"data_rev": data_rev or "workspace", "dvc_md5": md5, "trace_hash": traces["content_hash"],
-                   "parent_model_run_id": sft["run_id"], "grpo_run_id": grpo["run_id"], "pipeline_run_id": pid,
+                   "trace_run_id": traces["run_id"], "parent_model_run_id": sft["run_id"],
+                   "grpo_run_id": grpo["run_id"], "pipeline_run_id": pid, "config_digest": cfg.digest(),
                    **{k: parent.data.tags[k] for k in ("git_commit", "git_dirty", "profile",
                                                        "prefect_flow_run_id", "prefect_deployment_id")}}
-        model = register_task(grpo["final_path"], cfg.registered_model_name, lineage, pid)
-        walls["register"], t = time.time() - t, time.time()
-        ev = evaluate_task(grpo["final_path"], cfg.evaluate, cfg.cost, str(work), pid,
-                           grpo["experience_path"], model["model_uri"])
-        walls["evaluate"] = time.time() - t
-        summary = pipeline_summary(ev, model, grpo, sft, traces, data, walls, pid, lineage)
+        model = register_task(grpo["final_path"], cfg.registered_model_name, lineage, cfg.to_dict(), traces, pid)
+        lap("register")
+        ev = evaluate_task(grpo["final_path"], cfg.evaluate, cfg.cost, evals, pid, grpo["experience_path"],
+                           model["model_uri"])
+        parent_ev = evaluate_task(sft["final_path"], cfg.evaluate, cfg.cost, evals, pid, traces["experience_path"],
+                                  f"runs:/{sft['run_id']}", name=f"evaluate-parent-{cfg.evaluate.split}",
+                                  parent_of=model["model_uri"])
+        lap("evaluate")
+        decision = promote_task(model, cfg.registered_model_name, ev, cfg.evaluate, cfg.cost, evals, pid)
+        lap("promote")
+        summary = pipeline_summary(ev, parent_ev, model, grpo, sft, traces, data, walls, cached, decision, pid,
+                                   lineage)
     print_summary(summary)
     if summary_json:
         write_summary(summary, summary_json)

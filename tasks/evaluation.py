@@ -1,4 +1,4 @@
-"""Prefect tasks: evaluation on a split, and model logging + registration with lineage."""
+"""Prefect tasks: evaluation on a split, model logging + registration with lineage, and promotion."""
 
 from __future__ import annotations
 
@@ -11,35 +11,73 @@ import mlflow
 from evoharness.alfworld_env import list_games
 from evoharness.config import CostConfig, EvalConfig
 from evoharness.evaluate import evaluate, spread
-from evoharness.tracking import flat, log_and_register, start_run
+from evoharness.registry import link_evaluation, link_parent_evaluation, promote
+from evoharness.tracking import flat, log_and_register, log_trace_dataset, start_run
 
 
-@task(name="evaluate", retries=1, retry_delay_seconds=5, timeout_seconds=6 * 3600, cache_policy=NO_CACHE)
+@task(name="evaluate", retries=2, retry_delay_seconds=[10, 60], timeout_seconds=6 * 3600, cache_policy=NO_CACHE)
 def evaluate_task(policy: str, cfg: EvalConfig, cost: CostConfig, work_dir: str, parent_run_id: str | None,
-                  experience_path: str | None = None, model_uri: str | None = None) -> dict:
+                  experience_path: str | None = None, model_uri: str | None = None, name: str | None = None,
+                  parent_of: str | None = None) -> dict:
     """Play ``cfg.limit`` evenly spaced games of ``cfg.split`` (0 = all) with ``policy``; log the summary to a
-    (nested) run."""
+    (nested) run, and link the run to the registered version when ``model_uri`` names one. ``parent_of``: a
+    registered version whose parent this policy is; its ``parent_evaluation_run_id`` tag gets this run."""
     log = get_run_logger()
     all_games = list_games(cfg.split)
     games = spread(all_games, cfg.limit)
-    out = Path(work_dir) / f"eval-{cfg.split}"
-    with start_run(f"evaluate-{cfg.split}", parent_run_id,
+    name = name or f"evaluate-{cfg.split}"
+    out = Path(work_dir) / name
+    with start_run(name, parent_run_id,
                    tags={"policy": policy, "split": cfg.split, "model_uri": model_uri or policy}) as run:
         mlflow.log_params({f"evaluate.{k}": v for k, v in cfg.__dict__.items()})
         summary = evaluate(policy, games, cfg, cost, out, experience_path, games_total=len(all_games),
                            progress=log.info)
         mlflow.log_metrics(flat("", {k: v for k, v in summary.items() if k != "errors"}))
-        mlflow.log_dict(summary, "summary.json")
+        mlflow.log_dict(summary | {"games": games}, "summary.json")
         mlflow.log_artifact(str(out / "transcripts.jsonl"))
         summary["mlflow_run_id"] = run.info.run_id
-    log.info(f"evaluate {cfg.split}: success {summary['success_rate']:.3f} over {summary['episodes']} episodes")
+    link_evaluation(model_uri or policy, cfg.split, games, summary["success_rate"], run.info.run_id)
+    if parent_of:
+        link_parent_evaluation(parent_of, run.info.run_id)
+    summary["games"] = games
+    log.info(f"{name}: success {summary['success_rate']:.3f} over {summary['episodes']} episodes")
     return summary
 
 
-@task(name="register", retries=1, timeout_seconds=1800, cache_policy=NO_CACHE)
-def register_task(model_path: str, registered_name: str, lineage: dict, parent_run_id: str) -> dict:
-    """Log the final policy, register it under ``registered_name`` with alias ``candidate`` and lineage tags."""
+@task(name="register", retries=2, retry_delay_seconds=[10, 60], timeout_seconds=1800, cache_policy=NO_CACHE)
+def register_task(model_path: str, registered_name: str, lineage: dict, config: dict, trace_dataset: dict,
+                  parent_run_id: str) -> dict:
+    """Log the final policy, register it under ``registered_name`` with alias ``candidate``, lineage tags, the
+    resolved config and the trace dataset as the run's MLflow dataset input."""
     with start_run("register", parent_run_id, tags=lineage):
+        mlflow.log_dict(config, "config.json")
+        log_trace_dataset(trace_dataset["train_file"], trace_dataset["content_hash"])
         info = log_and_register(model_path, registered_name, "candidate", lineage)
     get_run_logger().info(f"registered {info['model_uri']} (alias candidate)")
     return info
+
+
+@task(name="promote", retries=1, timeout_seconds=6 * 3600, cache_policy=NO_CACHE)
+def promote_task(model: dict, registered_name: str, evaluation: dict, cfg: EvalConfig, cost: CostConfig,
+                 work_dir: str, parent_run_id: str) -> dict:
+    """Move ``champion`` to the candidate when its success on the same split and games is at least the
+    champion's (the champion is evaluated on them first if needed); log the comparison."""
+    log = get_run_logger()
+    with start_run("promote", parent_run_id) as run:
+
+        def evaluate_champion(version: str) -> float:
+            uri = f"models:/{registered_name}/{version}"
+            summary = evaluate_task.fn(uri, cfg, cost, work_dir, run.info.run_id, model_uri=uri,
+                                       name=f"evaluate-champion-v{version}")
+            return summary["success_rate"]
+
+        decision = promote(registered_name, model["version"], cfg.split, evaluation["games"], evaluate_champion)
+        mlflow.log_dict(decision, "comparison.json")
+        mlflow.set_tags({"promoted": str(decision["promoted"]).lower(), "split": cfg.split,
+                         "games_sha": decision["games_sha"]})
+        mlflow.log_metrics({k: v for k, v in decision.items() if isinstance(v, float)})
+        decision["run_id"] = run.info.run_id
+    log.info(f"promotion: candidate v{decision['candidate_version']} {decision['candidate_success_rate']:.3f} vs "
+             f"champion v{decision['champion_version']} {decision['champion_success_rate']} -> "
+             f"{'promoted' if decision['promoted'] else 'kept champion'}")
+    return decision

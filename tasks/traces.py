@@ -5,22 +5,27 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mlflow.data.meta_dataset import MetaDataset
-from mlflow.data.sources import LocalArtifactDatasetSource
 from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
 
 import mlflow
 from evoharness.config import PipelineConfig
 from evoharness.traces import build_traces
-from evoharness.tracking import start_run
+from evoharness.tracking import log_trace_dataset, start_run
+from tasks.caching import content_key, stage_policy
 
 
-@task(name="build_traces", timeout_seconds=3600, cache_policy=NO_CACHE)
+def traces_dir(p: dict) -> Path:
+    """``runs/traces/<key>``: keyed on the data md5 and the trace settings."""
+    return Path(p["work_dir"]) / "traces" / content_key(p["md5"], p["cfg"].traces, p["work_dir"])
+
+
+@task(name="build_traces", timeout_seconds=3600, cache_policy=stage_policy(traces_dir), persist_result=True)
 def build_traces_task(episodes: list, md5: str, cfg: PipelineConfig, work_dir: str, parent_run_id: str) -> dict:
-    """Annotate the episodes with meta-actions; log the trace dataset (content hash as MLflow dataset digest)."""
-    out = Path(work_dir) / "traces"
-    with start_run("build_traces", parent_run_id, tags={"dvc_md5": md5}):
+    """Annotate the episodes with meta-actions; log the trace dataset (content hash as MLflow dataset digest).
+
+    Cached on (data md5, trace settings, task source) while its output folder exists."""
+    out = traces_dir({"md5": md5, "cfg": cfg, "work_dir": work_dir})
+    with start_run("build_traces", parent_run_id, tags={"dvc_md5": md5}) as run:
         stats = build_traces(episodes, cfg.traces, out, experience_path=out / "experience.db")
         mlflow.set_tag("trace_hash", stats["content_hash"])
         mlflow.MlflowClient().set_tag(parent_run_id, "trace_hash", stats["content_hash"])
@@ -28,14 +33,13 @@ def build_traces_task(episodes: list, md5: str, cfg: PipelineConfig, work_dir: s
         mlflow.log_metrics({"episodes": stats["episodes"], "kept": stats["kept"], "steps": stats["steps"],
                             "lessons": stats["lessons"], **{f"meta_actions_per_episode.{k}": v
                                                             for k, v in stats["meta_actions_per_episode"].items()}})
-        dataset = MetaDataset(
-            source=LocalArtifactDatasetSource(str(out / "train.jsonl")),
-            name="bpe-traces", digest=stats["content_hash"][:16])
-        mlflow.log_input(dataset, context="training")
+        log_trace_dataset(str(out / "train.jsonl"), stats["content_hash"])
         first = (out / "train.jsonl").read_text().splitlines()[:1]
         if first:
             mlflow.log_text(json.dumps(json.loads(first[0]), indent=1), "example_trace.json")
     get_run_logger().info(f"traces: {stats['train_rows']} train / {stats['valid_rows']} valid rows, "
                           f"hash {stats['content_hash'][:12]}")
-    return {"dir": str(out), "train_file": str(out / "train.jsonl"), "valid_file": str(out / "valid.jsonl"),
-            "experience_path": str(out / "experience.db"), **stats}
+    result = {"dir": str(out), "train_file": str(out / "train.jsonl"), "valid_file": str(out / "valid.jsonl"),
+              "experience_path": str(out / "experience.db"), "run_id": run.info.run_id, **stats}
+    (out / "result.json").write_text(json.dumps(result, indent=1))
+    return result

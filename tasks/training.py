@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 
 from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
 
 import mlflow
 from evoharness.alfworld_env import list_games
@@ -20,6 +19,7 @@ from evoharness.launch import accelerate_launch
 from evoharness.model import build_default_model, load_policy, num_parameters
 from evoharness.plots import annealing_figure
 from evoharness.tracking import start_run
+from tasks.caching import content_key, stage_policy
 
 
 def _child_env(run_id: str) -> dict:
@@ -27,12 +27,32 @@ def _child_env(run_id: str) -> dict:
             "MLFLOW_EXPERIMENT_ID": mlflow.get_experiment_by_name("evoharness").experiment_id}
 
 
-@task(name="sft", retries=1, retry_delay_seconds=5, timeout_seconds=4 * 3600, cache_policy=NO_CACHE)
+def sft_dir(p: dict) -> Path:
+    """``runs/sft/<key>``: keyed on the trace content hash, the model and the SFT settings."""
+    return Path(p["work_dir"]) / "sft" / content_key(p["traces"]["content_hash"], p["cfg"].model, p["cfg"].sft,
+                                                       p["work_dir"])
+
+
+def grpo_dir(p: dict) -> Path:
+    """``runs/grpo/<key>``: keyed on the SFT checkpoint (itself content-addressed), GRPO and cost settings."""
+    return Path(p["work_dir"]) / "grpo" / content_key(p["sft"]["final_path"], p["cfg"].grpo, p["cfg"].cost,
+                                                        p["work_dir"])
+
+
+@task(name="sft", retries=2, retry_delay_seconds=[10, 60], timeout_seconds=4 * 3600, cache_policy=stage_policy(sft_dir),
+      persist_result=True)
 def sft_task(cfg: PipelineConfig, traces: dict, work_dir: str, parent_run_id: str) -> dict:
-    """Build the embedded default model (or take ``cfg.model.path``) and fine-tune it on the traces."""
-    out = Path(work_dir) / "sft"
+    """Build the embedded default model (or take ``cfg.model.path``) and fine-tune it on the traces.
+
+    Cached on (trace hash, model and SFT settings, task source); a retried or re-run stage resumes from its
+    checkpoints in the same folder."""
+    out = sft_dir({"traces": traces, "cfg": cfg, "work_dir": work_dir})
     with start_run("sft", parent_run_id, tags={"trace_hash": traces["content_hash"]}) as run:
-        base = cfg.model.path or build_default_model(cfg.model, traces["train_file"], out / "base")
+        base = cfg.model.path
+        if not base:
+            base = str(out / "base")
+            if not (Path(base) / "config.json").exists():
+                build_default_model(cfg.model, traces["train_file"], base)
         mlflow.log_params({"base_model": "embedded-default" if not cfg.model.path else base,
                            **{f"sft.{k}": v for k, v in dataclasses.asdict(cfg.sft).items()},
                            **{f"model.{k}": v for k, v in dataclasses.asdict(cfg.model).items()}})
@@ -48,11 +68,14 @@ def sft_task(cfg: PipelineConfig, traces: dict, work_dir: str, parent_run_id: st
     return result
 
 
-@task(name="grpo", retries=1, retry_delay_seconds=5, timeout_seconds=6 * 3600, cache_policy=NO_CACHE)
+@task(name="grpo", retries=2, retry_delay_seconds=[10, 60], timeout_seconds=6 * 3600,
+      cache_policy=stage_policy(grpo_dir), persist_result=True)
 def grpo_task(cfg: PipelineConfig, sft: dict, traces: dict, work_dir: str, parent_run_id: str) -> dict:
-    """Cost-aware GRPO from the SFT checkpoint on multi-turn ALFWorld episodes; logs the annealing curve."""
+    """Cost-aware GRPO from the SFT checkpoint on multi-turn ALFWorld episodes; logs the annealing curve.
+
+    Cached on (SFT checkpoint, GRPO and cost settings, task source); resumes from its checkpoints."""
     g = cfg.grpo
-    out = Path(work_dir) / "grpo"
+    out = grpo_dir({"sft": sft, "cfg": cfg, "work_dir": work_dir})
     games = list_games(g.split, limit=g.num_games, offset=g.game_offset)
     with start_run("grpo", parent_run_id, tags={"parent_model_run_id": sft["run_id"]}) as run:
         mlflow.log_params({**{f"grpo.{k}": v for k, v in dataclasses.asdict(g).items()},

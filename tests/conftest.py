@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 
 import pytest
 
@@ -12,6 +13,8 @@ for key, value in {"DO_NOT_TRACK": "true", "MLFLOW_DISABLE_TELEMETRY": "true", "
                    "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "OMP_NUM_THREADS": "1",
                    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90"}.items():
     os.environ.setdefault(key, value)
+# Prefect's cache records and persisted results of this session stay out of the repo's runs/
+os.environ["PREFECT_RESULTS_LOCAL_STORAGE_PATH"] = tempfile.mkdtemp(prefix="evoharness-prefect-results-")
 
 from evoharness.alfworld_env import list_games  # noqa: E402
 from evoharness.collect import collect  # noqa: E402

@@ -11,7 +11,8 @@ from conftest import TINY_COLLECT, git, make_git_repo
 from evoharness.datastore import DataVersionMismatch, ensure_data
 from evoharness.rawlog import dvc_md5
 
-STAGES = {"collect", "ingest", "build_traces", "sft", "grpo", "register", "evaluate-valid_seen"}
+STAGES = {"collect", "ingest", "build_traces", "sft", "grpo", "register", "evaluate-valid_seen",
+          "evaluate-parent-valid_seen", "promote"}
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,9 @@ def test_pipeline_summary(first_run, pipeline_repo):
     s = first_run
     assert s["episodes"] == 2 and s["games_in_split"] == 140 and s["split"] == "valid_seen"
     assert 0.0 <= s["success_rate"] <= 1.0
-    assert set(s["stage_wall_s"]) == {"collect", "ingest", "build_traces", "sft", "grpo", "register", "evaluate"}
+    assert set(s["stage_wall_s"]) == {"collect", "ingest", "build_traces", "sft", "grpo", "register", "evaluate",
+                                      "promote"}
+    assert not any(s["stage_cached"].values())
     assert set(s["grpo_meta_actions_per_episode"]["first_step"]) == {"track", "commit", "recall", "note"}
     assert s["data"]["md5"] == dvc_md5(pipeline_repo) and s["data"]["status"] == "collected"
     assert (pipeline_repo / "summary.json").exists()
@@ -49,10 +52,9 @@ def test_pipeline_summary(first_run, pipeline_repo):
 
 
 def test_mlflow_runs_metrics_registry_and_lineage(first_run, pipeline_repo):
-    import mlflow
     from mlflow import MlflowClient
 
-    mlflow.set_tracking_uri(f"sqlite:///{pipeline_repo / 'mlflow' / 'mlflow.db'}")
+    use_store(pipeline_repo)
     client = MlflowClient()
     parent = client.get_run(first_run["mlflow_run_id"])
     assert parent.data.tags["git_commit"] == git(pipeline_repo, "rev-parse", "HEAD~1")
@@ -81,6 +83,25 @@ def test_mlflow_runs_metrics_registry_and_lineage(first_run, pipeline_repo):
     assert tags["parent_model_run_id"] == sft.info.run_id and tags["data_rev"] == "workspace"
 
 
+def use_store(repo):
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{repo / 'mlflow' / 'mlflow.db'}")
+
+
+def test_promotion_moves_champion_only_when_not_worse(first_run, pipeline_repo):
+    from mlflow import MlflowClient
+
+    use_store(pipeline_repo)
+    decision = first_run["promotion"]
+    assert decision["promoted"] and decision["champion_version"] is None  # the first model becomes champion
+    client = MlflowClient()
+    assert str(client.get_model_version_by_alias("evoharness-policy", "champion").version) == "1"
+    tags = client.get_model_version("evoharness-policy", "1").tags
+    assert tags["evaluation_run_ids"].split(",")[0] == first_run["evaluation_run_id"]
+    assert tags["parent_evaluation_run_id"] == first_run["parent_evaluation"]["mlflow_run_id"]
+
+
 def test_pinned_rerun_and_registered_model_evaluation(first_run, pipeline_repo):
     from flows.evaluate import evaluate_flow
     from flows.pipeline import pipeline
@@ -88,8 +109,13 @@ def test_pinned_rerun_and_registered_model_evaluation(first_run, pipeline_repo):
     rev = git(pipeline_repo, "rev-parse", "HEAD")
     second = pipeline(profile="tiny", repo=str(pipeline_repo), data_rev=rev)
     assert second["data"]["status"] == "present"
+    assert second["stage_cached"] == {"collect": False, "ingest": False, "build_traces": True, "sft": True,
+                                      "grpo": True, "register": False, "evaluate": False, "promote": False}
     assert second["traces"]["content_hash"] == first_run["traces"]["content_hash"]
     assert second["lineage"]["data_rev"] == rev and second["model_uri"] == "models:/evoharness-policy/2"
+    pr = second["promotion"]
+    assert pr["champion_version"] == "1" and pr["champion_success_rate"] == first_run["success_rate"]
+    assert pr["promoted"] == (pr["candidate_success_rate"] >= pr["champion_success_rate"])
     ev = evaluate_flow("models:/evoharness-policy@candidate", split="valid_seen", limit=1, profile="tiny",
                        repo=str(pipeline_repo))
     assert ev["episodes"] == 1 and ev["model_uri"] == "models:/evoharness-policy@candidate"
@@ -112,3 +138,97 @@ def test_fresh_clone_regenerates_the_committed_version(git_repo, tiny_games):
     with pytest.raises(DataVersionMismatch, match=f"data.dvc names md5 {first['md5']}"):
         ensure_data(git_repo, dataclasses.replace(TINY_COLLECT, seed=7), tiny_games)
     assert (git_repo / "data.dvc").read_text() == before
+
+
+def run_lineage(repo, uri):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "evoharness.lineage", uri, "--repo", str(repo)],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_lineage_command_verifies_and_fails_on_a_deleted_cache_entry(first_run, pipeline_repo, tmp_path):
+    ok = run_lineage(pipeline_repo, "models:/evoharness-policy/2")
+    assert ok.returncode == 0, ok.stderr
+    assert "resolves, md5 matches" in ok.stdout and "lineage check passed" in ok.stdout
+    assert f"DVC md5 {first_run['data']['md5']}" in ok.stdout
+    assert "harness use, model vs its parent" in ok.stdout and "commit" in ok.stdout
+    broken = tmp_path / "broken"
+    shutil.copytree(pipeline_repo, broken, symlinks=True)
+    shutil.rmtree(broken / "data")
+    md5 = first_run["data"]["md5"].removesuffix(".dir")
+    (broken / ".dvc" / "cache" / "files" / "md5" / md5[:2] / (md5[2:] + ".dir")).unlink()
+    bad = run_lineage(broken, "models:/evoharness-policy/2")
+    assert bad.returncode == 1
+    assert "lineage check FAILED" in bad.stderr and "do not resolve through DVC" in bad.stderr
+    missing = run_lineage(pipeline_repo, "models:/evoharness-policy@nonexistent")
+    assert missing.returncode == 2 and "cannot resolve" in missing.stderr
+
+
+def test_mlflow_ui_screenshot_of_the_grpo_run(first_run, pipeline_repo, tmp_path):
+    import subprocess
+    import sys
+
+    if not shutil.which("chromium"):
+        pytest.skip("Chromium is not installed here (.ci/run installs Debian's chromium): no browser check")
+    out = tmp_path / "grpo.png"
+    proc = subprocess.run([sys.executable, "scripts/mlflow_screenshot.py", "--repo", str(pipeline_repo),
+                           "--model", "models:/evoharness-policy/1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "run page and chart rendered: True" in proc.stdout
+    assert out.stat().st_size > 20_000  # a rendered page, not a blank one
+
+
+def test_deployment_on_a_real_prefect_server_and_worker(first_run, pipeline_repo, tmp_path):
+    """`scripts/deploy.sh` (what `make deploy` runs): real server + worker on loopback, a pinned tiny deployment
+    run twice; lineage tags and aliases in MLflow; identical data and trace hashes; every process stopped."""
+    import os
+    import socket
+    import subprocess
+
+    from mlflow import MlflowClient
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    state = tmp_path / "deploy"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env |= {"PREFECT_PORT": str(port), "PY": os.path.join(root, ".venv", "bin", "python"),
+            "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(tmp_path / "results")}
+    api = {**env, "PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "PREFECT_HOME": str(state / "home")}
+    prefect = os.path.join(root, ".venv", "bin", "prefect")
+    rev = git(pipeline_repo, "rev-parse", "HEAD")
+    use_store(pipeline_repo)
+    client = MlflowClient()
+    try:
+        start = subprocess.run(["scripts/deploy.sh", "start", str(state)], cwd=root, env=env, capture_output=True,
+                               text=True, timeout=300)
+        assert start.returncode == 0, start.stderr + (state / "deploy.log").read_text()
+        pids = [int((state / f).read_text()) for f in ("server.pid", "worker.pid")]
+        ls = subprocess.run([prefect, "deployment", "ls"], env=api, capture_output=True, text=True, timeout=120)
+        assert "evoharness-pipeline/weekly" in ls.stdout and "evoharness-collect/collect" in ls.stdout
+        versions = []
+        for _ in range(2):
+            run = subprocess.run(
+                [prefect, "--no-prompt", "deployment", "run", "evoharness-pipeline/weekly", "--param", "profile=tiny",
+                 "--param", f"data_rev={rev}", "--param", f"repo={pipeline_repo}", "--param", "limit=1",
+                 "--watch", "--watch-timeout", "900"], cwd=root, env=api, capture_output=True, text=True, timeout=1000)
+            assert run.returncode == 0 and "Completed" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
+            latest = max(client.search_model_versions("name='evoharness-policy'"), key=lambda v: int(v.version))
+            versions.append(latest)
+        a, b = (v.tags for v in versions)
+        assert a["data_rev"] == b["data_rev"] == rev
+        assert a["dvc_md5"] == b["dvc_md5"] == first_run["data"]["md5"]
+        assert a["trace_hash"] == b["trace_hash"] == first_run["traces"]["content_hash"]
+        assert a["prefect_deployment_id"] and a["prefect_flow_run_id"] != b["prefect_flow_run_id"]
+        assert "candidate" in client.get_model_version("evoharness-policy", versions[1].version).aliases
+        assert client.get_model_version_by_alias("evoharness-policy", "champion").version
+    finally:
+        stop = subprocess.run(["scripts/deploy.sh", "stop", str(state)], cwd=root, env=env, capture_output=True,
+                              text=True, timeout=120)
+    assert stop.returncode == 0
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"

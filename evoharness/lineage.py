@@ -1,0 +1,150 @@
+"""Audit a registered policy: model version -> runs -> trace hash -> data rev -> raw logs, verified through DVC.
+
+    python -m evoharness.lineage models:/evoharness-policy@champion [--repo PATH]
+
+Prints the chain, checks that the raw logs still resolve through DVC at the recorded rev and that their md5 is
+the recorded one, and shows how the model's harness use differs from its parent's (meta-actions per episode by
+type and by task type, from their evaluations on the same games). Exits 1 with a message naming what failed and
+what to do when the data does not resolve or does not match; 2 when the model URI cannot be resolved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from evoharness.harness import META_ACTIONS
+
+
+class LineageError(RuntimeError):
+    """The recorded lineage does not verify."""
+
+
+def _run_summary(client, run_id: str) -> dict:
+    import mlflow
+
+    path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="summary.json")
+    return json.loads(Path(path).read_text())
+
+
+def resolve_data(repo: str | Path, tags: dict) -> tuple[str, list[tuple[str, int]]]:
+    """Find the git rev whose ``data.dvc`` names the recorded md5 and read every raw-log shard at it through DVC.
+
+    Returns (rev, [(shard path, bytes)]). Raises LineageError when no rev matches or a shard cannot be read.
+    """
+    from dvc.api import DVCFileSystem
+
+    from evoharness.rawlog import dvc_md5, read_episodes
+
+    want = tags.get("dvc_md5")
+    if not want:
+        raise LineageError("the model version has no dvc_md5 tag: it was not registered by the pipeline")
+    revs = [tags["data_rev"]] if tags.get("data_rev") not in (None, "", "workspace") else []
+    revs += [r for r in (tags.get("git_commit"), "HEAD") if r and r != "unknown"]
+    rev = None
+    for candidate in dict.fromkeys(revs):
+        try:
+            if dvc_md5(repo, candidate) == want:
+                rev = candidate
+                break
+        except FileNotFoundError:
+            continue
+    if rev is None:
+        raise LineageError(f"no git rev among {revs} of {repo} has a data.dvc naming md5 {want}; the data version was "
+                           f"never committed here (check out the repository this model was trained from)")
+    try:
+        episodes, md5 = read_episodes(repo, rev)
+    except Exception as exc:
+        raise LineageError(f"raw logs md5 {want} at rev {rev} do not resolve through DVC: {exc}. Restore them with "
+                           f"`dvc pull` from the remote, or re-run collection with the profile that made them") from exc
+    if md5 != want:
+        raise LineageError(f"data.dvc at rev {rev} names md5 {md5}, the model records {want}")
+    fs = DVCFileSystem(str(repo), rev=rev)
+    shards = [(p, fs.info(p)["size"]) for p in sorted(fs.find("data/logs"))]
+    return rev, shards
+
+
+def harness_diff(model: dict, parent: dict) -> list[str]:
+    """Lines comparing meta-actions per episode (by type, and by task type) of a model and its parent."""
+    lines = [f"{'meta-action':<12}{'model':>8}{'parent':>8}{'change':>8}"]
+    for m in META_ACTIONS:
+        a, b = model["meta_actions_per_episode"][m], parent["meta_actions_per_episode"][m]
+        lines.append(f"{m:<12}{a:>8.2f}{b:>8.2f}{a - b:>+8.2f}")
+    lines.append(f"\n{'task type':<10}" + "".join(f"{m:>16}" for m in META_ACTIONS) + "   (model / parent)")
+    mt, pt = model.get("meta_actions_by_task_type", {}), parent.get("meta_actions_by_task_type", {})
+    for t in sorted(set(mt) | set(pt)):
+        cells = "".join(f"{mt.get(t, {}).get(m, 0):>9.2f} /{pt.get(t, {}).get(m, 0):>5.2f}" for m in META_ACTIONS)
+        lines.append(f"{t:<10}{cells}")
+    return lines
+
+
+def audit(model_uri: str, repo: str | Path, out=print) -> dict:
+    """Print and verify the lineage of ``model_uri``. Returns what was found; raises LineageError on failure."""
+    from evoharness.registry import parse_model_uri
+    from mlflow import MlflowClient
+
+    parsed = parse_model_uri(model_uri)
+    if parsed is None:
+        raise ValueError(f"{model_uri!r} is not a registered model URI (models:/NAME/VERSION or models:/NAME@ALIAS)")
+    name, version = parsed
+    client = MlflowClient()
+    mv = client.get_model_version(name, version)
+    tags = mv.tags
+    out(f"model      {name} version {version}  aliases {mv.aliases}  run {mv.run_id}")
+    out(f"code       git {tags.get('git_commit')} (dirty: {tags.get('git_dirty')}), profile {tags.get('profile')}, "
+        f"config digest {tags.get('config_digest')}")
+    out(f"prefect    flow run {tags.get('prefect_flow_run_id')}  deployment {tags.get('prefect_deployment_id') or '-'}")
+    for label, key in (("pipeline", "pipeline_run_id"), ("grpo", "grpo_run_id"), ("parent/sft", "parent_model_run_id"),
+                       ("traces", "trace_run_id")):
+        run_id = tags.get(key)
+        if run_id:
+            r = client.get_run(run_id)
+            out(f"run        {label:<11}{run_id}  {r.info.run_name}  {r.info.status}")
+    inputs = client.get_run(mv.run_id).inputs.dataset_inputs if mv.run_id else []
+    digests = [d.dataset.digest for d in inputs]
+    out(f"traces     hash {tags.get('trace_hash')}  (dataset input digests {digests})")
+    if tags.get("trace_hash") and digests and tags["trace_hash"][:16] not in digests:
+        raise LineageError(f"the register run's dataset input {digests} does not match trace hash {tags['trace_hash']}")
+    rev, shards = resolve_data(repo, tags)
+    out(f"data       rev {tags.get('data_rev')} -> git {rev}, DVC md5 {tags.get('dvc_md5')}: resolves, md5 matches")
+    for path, size in shards:
+        out(f"raw logs   {path}  {size} bytes")
+    evals = [e for e in tags.get("evaluation_run_ids", "").split(",") if e]
+    out(f"evaluated  {evals or 'never'}")
+    found = {"name": name, "version": version, "rev": rev, "shards": shards, "evaluations": evals}
+    parent_eval = tags.get("parent_evaluation_run_id")
+    if evals and parent_eval:
+        model_summary, parent_summary = _run_summary(client, evals[0]), _run_summary(client, parent_eval)
+        out(f"\nharness use, model vs its parent on the same {model_summary['episodes']} "
+            f"{model_summary['split']} games:")
+        for line in harness_diff(model_summary, parent_summary):
+            out(line)
+        found["harness_diff"] = {"model": model_summary["meta_actions_per_episode"],
+                                 "parent": parent_summary["meta_actions_per_episode"]}
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    from evoharness.tracking import configure
+
+    p = argparse.ArgumentParser(description="Print and verify a registered policy's lineage.")
+    p.add_argument("model_uri", help="models:/NAME/VERSION or models:/NAME@ALIAS")
+    p.add_argument("--repo", default=".", help="the project checkout holding data.dvc and mlflow/ (default: .)")
+    a = p.parse_args(argv)
+    configure(a.repo)
+    try:
+        audit(a.model_uri, a.repo)
+    except LineageError as exc:
+        print(f"lineage check FAILED: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # an unknown model, alias or version
+        print(f"cannot resolve {a.model_uri}: {exc}", file=sys.stderr)
+        return 2
+    print("lineage check passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

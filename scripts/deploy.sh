@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Start a local Prefect server and a process worker on 127.0.0.1, and register the deployments of prefect.yaml.
+#   scripts/deploy.sh start [STATE_DIR]   (default state dir: runs/deploy)
+#   scripts/deploy.sh stop  [STATE_DIR]   stops exactly the server and worker that `start` recorded there
+# Environment: PREFECT_PORT (default 4200), PY (default .venv/bin/python).
+set -euo pipefail
+cmd=${1:?usage: deploy.sh start|stop [STATE_DIR]}
+state=$(realpath -m "${2:-runs/deploy}")
+PY=${PY:-.venv/bin/python}
+PREFECT="$(dirname "$PY")/prefect"
+port=${PREFECT_PORT:-4200}
+
+stop_pid() {  # stop one recorded process: SIGTERM, then SIGINT (an idle worker ignores SIGTERM), then SIGKILL
+  local f=$1
+  [ -f "$f" ] || return 0
+  local pid; pid=$(cat "$f")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    kill -INT -- "-$pid" 2>/dev/null || true
+    for _ in $(seq 10); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    kill -KILL -- "-$pid" 2>/dev/null || true
+  fi
+  rm -f "$f"
+}
+
+case "$cmd" in
+start)
+  mkdir -p "$state"
+  if [ -f "$state/server.pid" ] && kill -0 "$(cat "$state/server.pid")" 2>/dev/null; then
+    echo "already running (pids in $state); run 'make deploy-stop' first" >&2; exit 1
+  fi
+  export PREFECT_HOME="$state/home" PREFECT_API_URL="http://127.0.0.1:$port/api"
+  export PREFECT_SERVER_ANALYTICS_ENABLED=false DO_NOT_TRACK=true PREFECT_WORKER_QUERY_SECONDS=2
+  export EVOHARNESS_REPO="$PWD" PREFECT_RESULTS_LOCAL_STORAGE_PATH="${PREFECT_RESULTS_LOCAL_STORAGE_PATH:-$PWD/runs/prefect-results}"
+  setsid "$PREFECT" server start --host 127.0.0.1 --port "$port" --analytics-off --no-ui \
+    > "$state/server.log" 2>&1 < /dev/null &
+  echo $! > "$state/server.pid"
+  for _ in $(seq 120); do
+    "$PY" -c "import urllib.request,sys; urllib.request.urlopen('$PREFECT_API_URL/health', timeout=2)" 2>/dev/null && break
+    sleep 1
+  done
+  "$PY" -c "import urllib.request; urllib.request.urlopen('$PREFECT_API_URL/health', timeout=2)" \
+    || { echo "Prefect server did not start; see $state/server.log" >&2; stop_pid "$state/server.pid"; exit 1; }
+  "$PREFECT" --no-prompt work-pool create evoharness-process --type process --overwrite > "$state/deploy.log" 2>&1
+  "$PREFECT" --no-prompt deploy --all >> "$state/deploy.log" 2>&1 \
+    || { echo "prefect deploy failed; see $state/deploy.log" >&2; exit 1; }
+  setsid "$PREFECT" worker start --pool evoharness-process > "$state/worker.log" 2>&1 < /dev/null &
+  echo $! > "$state/worker.pid"
+  echo "$PREFECT_API_URL" > "$state/api_url"
+  echo "Prefect server $PREFECT_API_URL (pid $(cat "$state/server.pid")), worker pid $(cat "$state/worker.pid")"
+  echo "deployments: evoharness-pipeline/weekly, evoharness-collect/collect, evoharness-evaluate/evaluate"
+  echo "run one:  PREFECT_API_URL=$PREFECT_API_URL $PREFECT deployment run evoharness-pipeline/weekly --watch"
+  ;;
+stop)
+  stop_pid "$state/worker.pid"
+  stop_pid "$state/server.pid"
+  echo "stopped the Prefect worker and server recorded in $state"
+  ;;
+*) echo "usage: deploy.sh start|stop [STATE_DIR]" >&2; exit 2 ;;
+esac
