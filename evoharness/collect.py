@@ -19,6 +19,7 @@ import json
 import multiprocessing as mp
 import random
 import re
+import shutil
 import signal
 import sys
 import time
@@ -116,28 +117,48 @@ def _worker(args):
     return game, play_expert_episode(game, CollectConfig(**cfg_dict), data_dir)
 
 
+def partial_dir(out_dir: str | Path, cfg: CollectConfig) -> Path:
+    """Where finished episodes wait until the shards are written: ``<out_dir>.partial-<settings hash>/``, beside
+    (not inside) ``out_dir``, keyed on the settings so a rerun with other settings never mixes them in."""
+    settings = json.dumps(dataclasses.asdict(cfg) | {"workers": None}, sort_keys=True)
+    out = Path(out_dir)
+    return out.parent / f"{out.name}.partial-{hashlib.sha256(settings.encode()).hexdigest()[:12]}"
+
+
 def collect(games: list[str], out_dir: str | Path, cfg: CollectConfig, data_dir: str | None = None,
             progress=None) -> dict:
     """Play ``games`` and write ``out_dir/logs/shard-*.jsonl`` plus ``out_dir/manifest.json``.
 
-    Workers are recycled every ``cfg.games_per_worker`` games (TextWorld's reset leaks). ``progress`` is called
-    as ``progress(done, total, episodes_per_min, eta_s)``. Returns the manifest dict
-    (episodes, steps, won, failed, settings).
+    Each finished episode is first written to ``partial_dir`` (one file per game, renamed into place when
+    complete), so a killed collection rerun with the same settings plays only the games still missing, and no
+    episode is duplicated or lost; the partial folder is removed once the shards are written. Workers are recycled
+    every ``cfg.games_per_worker`` games (TextWorld's reset leaks). ``progress`` is called as
+    ``progress(done, total, episodes_per_min, eta_s)``. Returns the manifest (episodes, steps, won, failed,
+    settings) plus ``wall_s`` and ``resumed`` (episodes found from an earlier run).
     """
     out = Path(out_dir)
-    (out / "logs").mkdir(parents=True, exist_ok=True)
+    partial = partial_dir(out, cfg)
+    partial.mkdir(parents=True, exist_ok=True)
+    name = {g: f"{i:06d}.json" for i, g in enumerate(games)}
+    done = {g for g in games if (partial / name[g]).exists()}
+    todo = [g for g in games if g not in done]
     workers = cfg.workers or mp.cpu_count()
-    results: dict[str, list[dict]] = {}
     t0 = time.time()
-    jobs = [(g, dataclasses.asdict(cfg), str(data_dir) if data_dir else None) for g in games]
+    jobs = [(g, dataclasses.asdict(cfg), str(data_dir) if data_dir else None) for g in todo]
     ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-    with ctx.Pool(workers, maxtasksperchild=cfg.games_per_worker) as pool:
-        for game, records in pool.imap_unordered(_worker, jobs):
-            results[game] = records
-            if progress:
-                rate = len(results) / max(time.time() - t0, 1e-9) * 60
-                progress(len(results), len(games), rate, (len(games) - len(results)) / max(rate / 60, 1e-9))
-    ordered = [results[g] for g in games]
+    finished = 0
+    if jobs:
+        with ctx.Pool(min(workers, len(jobs)), maxtasksperchild=cfg.games_per_worker) as pool:
+            for game, records in pool.imap_unordered(_worker, jobs):
+                tmp = partial / (name[game] + ".tmp")
+                tmp.write_text(json.dumps(records, sort_keys=True))
+                tmp.rename(partial / name[game])
+                finished += 1
+                if progress:
+                    rate = finished / max(time.time() - t0, 1e-9) * 60
+                    progress(len(done) + finished, len(games), rate, (len(todo) - finished) / max(rate / 60, 1e-9))
+    ordered = [json.loads((partial / name[g]).read_text()) for g in games]
+    (out / "logs").mkdir(parents=True, exist_ok=True)
     for shard, start in enumerate(range(0, len(ordered), cfg.shard_size)):
         lines = [json.dumps(r, sort_keys=True) for ep in ordered[start:start + cfg.shard_size] for r in ep]
         (out / "logs" / f"shard-{shard:05d}.jsonl").write_text("\n".join(lines) + "\n")
@@ -151,5 +172,5 @@ def collect(games: list[str], out_dir: str | Path, cfg: CollectConfig, data_dir:
         "games": games,
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    manifest["wall_s"] = time.time() - t0
-    return manifest
+    shutil.rmtree(partial)
+    return manifest | {"wall_s": time.time() - t0, "resumed": len(done)}

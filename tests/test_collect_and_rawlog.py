@@ -1,5 +1,6 @@
 import dataclasses
 import json
+import os
 
 import pytest
 
@@ -89,3 +90,34 @@ def test_read_episodes_at_two_dvc_revisions(git_repo, tiny_logs):
     steps1 = sum(len(e.records) for e in eps1)
     steps2 = sum(len(e.records) for e in eps2)
     assert steps1 - steps2 == 3
+
+
+def test_killed_collection_resumes_without_duplicates_or_losses(tmp_path, tiny_games, tiny_logs):
+    """SIGKILL a collection after its first finished episode; the rerun plays only the rest and the logs are
+    byte-identical to an uninterrupted collection."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from evoharness.collect import partial_dir
+
+    out = tmp_path / "data"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = ("import sys; sys.path[:0] = ['.', 'tests']; from conftest import TINY_COLLECT; "
+              "from evoharness.collect import collect; "
+              f"collect({tiny_games!r}, {str(out)!r}, TINY_COLLECT)")
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=root, start_new_session=True)
+    partial = partial_dir(out, TINY_COLLECT)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(partial.glob("*.json")):
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    kept = len(list(partial.glob("*.json")))
+    assert 1 <= kept < 3 and not (out / "manifest.json").exists()
+    manifest = collect(tiny_games, out, TINY_COLLECT)
+    assert manifest["resumed"] == kept and manifest["episodes"] == 3
+    ref, _ = tiny_logs
+    assert (out / "logs" / "shard-00000.jsonl").read_bytes() == (ref / "logs" / "shard-00000.jsonl").read_bytes()
+    assert not partial.exists()
