@@ -54,6 +54,18 @@ class CollectConfig:
 
 
 @dataclass
+class IngestConfig:
+    """Reading the raw logs. ``on_error``: ``stop`` (the first bad record raises, naming file, line and field) or
+    ``quarantine`` (bad records, and the rest of their episodes, go to a side file and are counted in MLflow)."""
+
+    on_error: str = "stop"
+
+    def __post_init__(self):
+        if self.on_error not in ("stop", "quarantine"):
+            raise ValueError(f"ingest.on_error is {self.on_error!r}; use 'stop' or 'quarantine'")
+
+
+@dataclass
 class CostConfig:
     """The harness cost model: what each meta-action and each generated token costs, in reward units.
 
@@ -171,6 +183,7 @@ class PipelineConfig:
 
     profile: str = "default"
     collect: CollectConfig = field(default_factory=CollectConfig)
+    ingest: IngestConfig = field(default_factory=IngestConfig)
     cost: CostConfig = field(default_factory=CostConfig)
     traces: TraceConfig = field(default_factory=TraceConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -191,6 +204,7 @@ class PipelineConfig:
 
 _SECTIONS = {
     "collect": CollectConfig,
+    "ingest": IngestConfig,
     "cost": CostConfig,
     "traces": TraceConfig,
     "model": ModelConfig,

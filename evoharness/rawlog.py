@@ -89,12 +89,25 @@ def validate_record(rec: object, where: str) -> dict:
     return rec
 
 
-def parse_lines(lines, source: str) -> list[Episode]:
+def parse_lines(lines, source: str, quarantine: list | None = None) -> list[Episode]:
     """Decode and validate JSONL lines into episodes (steps must run 0, 1, 2, ... within an episode).
 
-    Raises RawLogError with ``source:line`` for undecodable JSON, a schema violation or a step out of order.
+    With ``quarantine`` None, the first bad line raises RawLogError with ``source:line`` and the field. With a
+    list, each bad line is appended to it as ``{"where", "error", "line"}`` and parsing goes on; an episode that
+    lost a line is then incomplete, so its other lines are quarantined too (with the reason), never dropped
+    silently.
     """
     episodes: dict[str, Episode] = {}
+    broken: dict[str, str] = {}
+    kept_lines: dict[str, list[tuple[str, str]]] = {}
+
+    def bad(where: str, error: str, line: str, episode_id: str | None = None) -> None:
+        if quarantine is None:
+            raise RawLogError(error)
+        quarantine.append({"where": where, "error": error, "line": line})
+        if episode_id is not None:
+            broken.setdefault(episode_id, where)
+
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -102,13 +115,31 @@ def parse_lines(lines, source: str) -> list[Episode]:
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise RawLogError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-        validate_record(rec, where)
+            bad(where, f"{where}: not valid JSON ({exc.msg} at column {exc.colno})", line)
+            continue
+        episode_id = rec.get("episode_id") if isinstance(rec, dict) else None
+        try:
+            validate_record(rec, where)
+        except RawLogError as exc:
+            bad(where, str(exc), line, episode_id if isinstance(episode_id, str) else None)
+            continue
+        if rec["episode_id"] in broken:
+            quarantine.append({"where": where, "error": f"{where}: episode {rec['episode_id']!r} is incomplete "
+                                                        f"(line {broken[rec['episode_id']]} was quarantined)",
+                               "line": line})
+            continue
         ep = episodes.setdefault(rec["episode_id"], Episode(rec["episode_id"], rec["game"], rec["task_type"], []))
         if rec["step"] != len(ep.records):
-            raise RawLogError(f"{where}: field 'step' is {rec['step']} but episode {rec['episode_id']!r} "
-                              f"expects step {len(ep.records)}")
+            bad(where, f"{where}: field 'step' is {rec['step']} but episode {rec['episode_id']!r} "
+                       f"expects step {len(ep.records)}", line, rec["episode_id"])
+            continue
         ep.records.append(rec)
+        kept_lines.setdefault(rec["episode_id"], []).append((where, line))
+    for episode_id, first_bad in broken.items():
+        for where, line in kept_lines.pop(episode_id, []):
+            quarantine.append({"where": where, "error": f"{where}: episode {episode_id!r} is incomplete "
+                                                        f"(line {first_bad} was quarantined)", "line": line})
+        episodes.pop(episode_id, None)
     return list(episodes.values())
 
 
@@ -130,11 +161,13 @@ def dvc_md5(repo: str | Path, rev: str | None = None, dvc_file: str = "data.dvc"
     return yaml.safe_load(text)["outs"][0]["md5"]
 
 
-def read_episodes(repo: str | Path, rev: str | None = None, path: str = "data/logs") -> tuple[list[Episode], str]:
+def read_episodes(repo: str | Path, rev: str | None = None, path: str = "data/logs",
+                  quarantine: list | None = None) -> tuple[list[Episode], str]:
     """Read and validate every shard under ``path`` through ``dvc.api`` at git ``rev`` (None = workspace).
 
-    Returns (episodes, md5) where md5 is the data's DVC md5 at that rev.
-    Raises RawLogError on a bad record; FileNotFoundError when the rev's data is not in the DVC cache/remote.
+    Returns (episodes, md5) where md5 is the data's DVC md5 at that rev. ``quarantine``: see ``parse_lines``.
+    Raises RawLogError on a bad record (unless quarantining); FileNotFoundError when the rev's data is not in the
+    DVC cache/remote.
     """
     from dvc.api import DVCFileSystem
 
@@ -153,6 +186,6 @@ def read_episodes(repo: str | Path, rev: str | None = None, path: str = "data/lo
         except Exception as exc:
             raise FileNotFoundError(f"{shard} at rev {rev or 'workspace'} could not be read through DVC "
                                     f"({type(exc).__name__}: {exc}); run `dvc pull` or re-run collection") from exc
-        episodes.extend(parse_lines(lines, shard))
+        episodes.extend(parse_lines(lines, shard, quarantine))
     md5 = dvc_md5(repo, rev)
     return episodes, md5 or ""

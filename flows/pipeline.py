@@ -40,7 +40,7 @@ def pipeline(profile: str = "default", data_rev: str | None = None, split: str |
         pid = parent.info.run_id
         data = collect_task(cfg, repo, pid)
         lap("collect")
-        episodes, md5 = ingest_task(repo, data_rev, pid)
+        episodes, md5 = ingest_task(repo, data_rev, pid, cfg.ingest.on_error)
         lap("ingest")
         traces, hit = run_stage(build_traces_task, episodes, md5, cfg, runs, pid)
         lap("build_traces", hit)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
@@ -32,13 +35,23 @@ def collect_task(cfg: PipelineConfig, repo: str, parent_run_id: str) -> dict:
 
 
 @task(name="ingest", retries=0, timeout_seconds=3600, cache_policy=NO_CACHE)
-def ingest_task(repo: str, data_rev: str | None, parent_run_id: str) -> tuple[list, str]:
-    """Read and validate the raw logs at ``data_rev`` through ``dvc.api``; return (episodes, DVC md5)."""
-    with start_run("ingest", parent_run_id, tags={"data_rev": data_rev or "workspace"}):
-        episodes, md5 = rawlog.read_episodes(repo, data_rev)
+def ingest_task(repo: str, data_rev: str | None, parent_run_id: str, on_error: str = "stop") -> tuple[list, str]:
+    """Read and validate the raw logs at ``data_rev`` through ``dvc.api``; return (episodes, DVC md5).
+
+    ``on_error="quarantine"`` writes bad records to ``runs/quarantine/<md5>.jsonl`` (also an MLflow artifact)."""
+    log = get_run_logger()
+    quarantine = [] if on_error == "quarantine" else None
+    with start_run("ingest", parent_run_id, tags={"data_rev": data_rev or "workspace", "on_error": on_error}):
+        episodes, md5 = rawlog.read_episodes(repo, data_rev, quarantine=quarantine)
         mlflow.set_tag("dvc_md5", md5)
         mlflow.MlflowClient().set_tag(parent_run_id, "dvc_md5", md5)
         mlflow.log_metrics({"episodes": len(episodes), "steps": sum(len(e.records) - 1 for e in episodes),
-                            "won": sum(e.won for e in episodes)})
-    get_run_logger().info(f"ingested {len(episodes)} episodes at rev {data_rev or 'workspace'} (md5 {md5})")
+                            "won": sum(e.won for e in episodes), "quarantined_records": len(quarantine or [])})
+        if quarantine:
+            side = Path(repo) / "runs" / "quarantine" / f"{md5.removesuffix('.dir')}.jsonl"
+            side.parent.mkdir(parents=True, exist_ok=True)
+            side.write_text("".join(json.dumps(q) + "\n" for q in quarantine))
+            mlflow.log_artifact(str(side))
+            log.warning(f"{len(quarantine)} raw-log records quarantined to {side}; first: {quarantine[0]['error']}")
+    log.info(f"ingested {len(episodes)} episodes at rev {data_rev or 'workspace'} (md5 {md5})")
     return episodes, md5

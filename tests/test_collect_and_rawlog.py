@@ -121,3 +121,22 @@ def test_killed_collection_resumes_without_duplicates_or_losses(tmp_path, tiny_g
     ref, _ = tiny_logs
     assert (out / "logs" / "shard-00000.jsonl").read_bytes() == (ref / "logs" / "shard-00000.jsonl").read_bytes()
     assert not partial.exists()
+
+
+def test_quarantine_keeps_good_episodes_and_accounts_for_every_bad_line(tiny_logs):
+    out, _ = tiny_logs
+    lines = (out / "logs" / "shard-00000.jsonl").read_text().splitlines()
+    first_episode = json.loads(lines[0])["episode_id"]
+    n_first = sum(json.loads(x)["episode_id"] == first_episode for x in lines)
+    bad = json.loads(lines[2])
+    bad["won"] = "yes"
+    lines[2] = json.dumps(bad)
+    lines.insert(5, "{not json")
+    quarantine = []
+    episodes = parse_lines(lines, "shard.jsonl", quarantine)
+    assert len(episodes) == 2 and first_episode not in {e.episode_id for e in episodes}
+    assert quarantine[0]["where"] == "shard.jsonl:3" and "field 'won' is str, expected bool" in quarantine[0]["error"]
+    assert any(q["where"] == "shard.jsonl:6" and "not valid JSON" in q["error"] for q in quarantine)
+    # every line is accounted for: kept in an episode, or quarantined with its reason
+    assert sum(len(e.records) for e in episodes) + len(quarantine) == len(lines)
+    assert sum("is incomplete" in q["error"] for q in quarantine) == n_first - 1
