@@ -20,7 +20,7 @@ from pathlib import Path
 
 from evoharness.alfworld_env import task_params_from_path
 from evoharness.config import TraceConfig
-from evoharness.harness import NOTHING, SYSTEM_PROMPT, TOOLS, ExperienceStore, Workspace, final_observation
+from evoharness.harness import NOTHING, SYSTEM_PROMPT, TOOLS, ExperienceStore, Workspace, final_observation, tokens
 from evoharness.rawlog import Episode
 
 _EFFECTS = {"clean": "clean", "heat": "hot", "cool": "cool"}
@@ -144,6 +144,7 @@ def build_traces(episodes: list[Episode], cfg: TraceConfig, out_dir: str | Path,
     teacher = Teacher(cfg, ExperienceStore(experience_path or ":memory:"))
     rows = {"train": [], "valid": []}
     stats = {"episodes": 0, "kept": 0, "steps": 0, "meta_actions": {}}
+    lengths: dict[str, list[int]] = {"workspace_tokens": [], "messages": [], "chars": []}
     for ep in sorted(episodes, key=lambda e: e.episode_id):
         row = teacher.annotate(ep)
         stats["episodes"] += 1
@@ -153,6 +154,10 @@ def build_traces(episodes: list[Episode], cfg: TraceConfig, out_dir: str | Path,
         rows["valid" if bucket < cfg.valid_share else "train"].append(row)
         stats["kept"] += 1
         stats["steps"] += len(ep.records) - 1
+        lengths["workspace_tokens"].append(len(tokens(row["workspace"])))
+        lengths["messages"].append(len(row["messages"]))
+        lengths["chars"].append(sum(len(m["content"]) + len(json.dumps(m.get("tool_calls", "")))
+                                    for m in row["messages"]))
         for k, v in row["meta_actions"].items():
             stats["meta_actions"][k] = stats["meta_actions"].get(k, 0) + v
     digest = hashlib.sha256()
@@ -162,6 +167,9 @@ def build_traces(episodes: list[Episode], cfg: TraceConfig, out_dir: str | Path,
         digest.update(text.encode())
         stats[f"{split}_rows"] = len(split_rows)
     stats["meta_actions_per_episode"] = {k: v / max(stats["kept"], 1) for k, v in stats["meta_actions"].items()}
+    for key, values in lengths.items():
+        stats[f"{key}_mean"] = sum(values) / max(len(values), 1)
+        stats[f"{key}_max"] = max(values, default=0)
     stats["content_hash"] = digest.hexdigest()
     stats["lessons"] = len(teacher.experience.all())
     (out / "stats.json").write_text(json.dumps(stats, indent=1, sort_keys=True))

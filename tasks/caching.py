@@ -1,7 +1,7 @@
 """Task caching keyed on a stage's inputs and the task's source, with content-addressed output folders.
 
 A cacheable stage writes into ``runs/<stage>/<key>/`` where ``key`` hashes what determines its output (the data
-md5 or the parent's content hash, the stage's resolved config, the folder itself). The Prefect cache key is that
+md5 or the parent's content hash, the stage's resolved config, the ``evoharness`` library's source). The Prefect cache key is that
 key plus the task's source (``TASK_SOURCE``) plus the folder's epoch: a random id written into
 ``<folder>/.cache-epoch`` when the folder is first keyed. A deleted folder gets a new epoch, so its output is
 rebuilt rather than served from a stale cache record; a run that failed stored no record, so its rerun resumes
@@ -18,9 +18,20 @@ from pathlib import Path
 from prefect.cache_policies import TASK_SOURCE, CacheKeyFnPolicy
 
 
+def library_digest() -> str:
+    """sha256 of the ``evoharness`` library's source: a stage's output depends on the library code, not only on
+    its Prefect task's source, so any library change gives new output folders and cache keys."""
+    root = Path(__file__).resolve().parent.parent / "evoharness"
+    h = hashlib.sha256()
+    for path in sorted(root.glob("*.py")):
+        h.update(path.name.encode() + path.read_bytes())
+    return h.hexdigest()
+
+
 def content_key(*parts) -> str:
-    """16 hex chars of sha256 over the JSON of ``parts`` (dataclasses as dicts)."""
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    """16 hex chars of sha256 over the JSON of ``parts`` (dataclasses as dicts) and the library's source."""
+    blob = json.dumps([library_digest(), *parts], sort_keys=True, default=lambda o: getattr(o, "__dict__", str(o)))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def stage_policy(out_dir_fn):

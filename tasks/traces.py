@@ -34,9 +34,9 @@ def build_traces_task(episodes: list, md5: str, cfg: PipelineConfig, work_dir: s
                             "lessons": stats["lessons"], **{f"meta_actions_per_episode.{k}": v
                                                             for k, v in stats["meta_actions_per_episode"].items()}})
         log_trace_dataset(str(out / "train.jsonl"), stats["content_hash"])
-        first = (out / "train.jsonl").read_text().splitlines()[:1]
-        if first:
-            mlflow.log_text(json.dumps(json.loads(first[0]), indent=1), "example_trace.json")
+        mlflow.log_metrics({k: v for k, v in stats.items() if k.endswith(("_mean", "_max"))})
+        for i, line in enumerate((out / "train.jsonl").read_text().splitlines()[:3]):
+            mlflow.log_text(json.dumps(json.loads(line), indent=1), f"example_traces/trace_{i}.json")
     get_run_logger().info(f"traces: {stats['train_rows']} train / {stats['valid_rows']} valid rows, "
                           f"hash {stats['content_hash'][:12]}")
     result = {"dir": str(out), "train_file": str(out / "train.jsonl"), "valid_file": str(out / "valid.jsonl"),
