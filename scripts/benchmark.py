@@ -1,0 +1,56 @@
+"""Benchmarks that print figures (not timed tests): collection episodes/min with 1 worker and with every core,
+peak memory per worker, and trace construction episodes/s.
+
+    python scripts/benchmark.py [--games 12] [--split train] [--stride 97]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import multiprocessing as mp
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from evoharness.alfworld_env import list_games  # noqa: E402
+from evoharness.collect import collect  # noqa: E402
+from evoharness.config import CollectConfig, TraceConfig  # noqa: E402
+from evoharness.rawlog import parse_lines  # noqa: E402
+from evoharness.traces import build_traces  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--games", type=int, default=12)
+    p.add_argument("--split", default="train")
+    p.add_argument("--stride", type=int, default=97)
+    a = p.parse_args(argv)
+    games = list_games(a.split, limit=a.games, stride=a.stride)
+    print(f"{len(games)} {a.split} games (every {a.stride}th), {mp.cpu_count()} cores")
+    logs = None
+    for workers in sorted({1, mp.cpu_count()}):
+        cfg = dataclasses.replace(CollectConfig(), workers=workers)
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.time()
+            manifest = collect(games, Path(tmp) / "data", cfg)
+            wall = time.time() - t0
+            logs = (Path(tmp) / "data" / "logs" / "shard-00000.jsonl").read_text().splitlines()
+        peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        print(f"collect  workers={workers}: {manifest['episodes']} episodes, {manifest['steps']} steps in {wall:.1f} s "
+              f"= {manifest['episodes'] / wall * 60:.1f} episodes/min; peak RSS of a worker so far {peak_mb:.0f} MB")
+    episodes = parse_lines(logs, "benchmark")
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.time()
+        stats = build_traces(episodes, TraceConfig(), tmp)
+        wall = time.time() - t0
+    print(f"traces   {stats['episodes']} episodes in {wall:.2f} s = {stats['episodes'] / wall:.1f} episodes/s "
+          f"({stats['kept']} kept, {stats['workspace_tokens_mean']:.0f} rendered workspace tokens on average)")
+
+
+if __name__ == "__main__":
+    main()
