@@ -23,13 +23,22 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
 export PYTHONUNBUFFERED := 1
 export PREFECT_RESULTS_LOCAL_STORAGE_PATH ?= $(CURDIR)/runs/prefect-results
 
-.PHONY: run test venv data clean-runs deploy deploy-stop
+.PHONY: run test venv data clean-runs deploy deploy-stop evaluate lineage
 
 run: venv data
 	$(PY) -m flows.pipeline $(ARGS)
 
 test: venv data
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Evaluation alone and the lineage audit, with this Makefile's offline environment:
+#   make evaluate ARGS="--policy models:/evoharness-policy@candidate --split valid_seen --limit 20"
+#   make lineage ARGS="models:/evoharness-policy@champion"
+evaluate: venv data
+	$(PY) -m flows.evaluate $(ARGS)
+
+lineage: venv
+	$(PY) -m evoharness.lineage $(ARGS)
 
 venv: $(VENV)/.installed
 

@@ -112,9 +112,9 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
     """Play one episode of ``env`` (an adapter with ``reset``/``step``) with ``policy`` and ``workspace``.
 
     Budgets: ``max_env_steps`` environment steps; ``max_meta_actions`` executed meta-actions (later ones are refused
-    with an error result); at most ``max_env_steps + max_meta_actions + 2`` turns in all (room for refused calls
-    and the last note). Each environment call gets
-    ``env_timeout_s`` seconds; one that raises or hangs ends the episode unwon with ``error`` set.
+    with an error result; invalid calls and unknown tools get an error result and count as malformed); at most
+    ``max_env_steps + max_meta_actions + 2`` turns in all (room for refused calls and the last note). Each
+    environment call gets ``env_timeout_s`` seconds; one that raises or hangs ends the episode unwon with ``error`` set.
 
     Reward = won - cost (``EpisodeUsage.cost``): the cost charges *executed* meta-actions (invalid or refused calls
     are counted and charged only their generated tokens) and every generated token.
@@ -143,7 +143,8 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
         dec = policy.decide(state)
         workspace.usage.generated_tokens = getattr(policy, "generated_tokens", 0)
         if getattr(policy, "truncated", False):
-            error = "context window full: episode truncated"
+            if not finished:  # a full context on the last (note) turn does not spoil a finished episode
+                error = "context window full: episode truncated"
             break
         malformed += dec.malformed
         entry = {"turn": dec.name or "malformed", "args": dec.args, "generated_tokens":
@@ -156,10 +157,14 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
         if dec.name in META_ACTIONS:
             if meta < max_meta_actions:
                 text, ok = workspace.call(dec.name, dec.args, env_steps)
-                meta += 1
+                meta += ok  # the budget counts executed calls; invalid ones are bounded by the turn budget
             else:
                 text, ok = f"error: meta-action budget of {max_meta_actions} spent; act instead", False
             entry.update(result=text, ok=ok)
+        elif dec.name not in (None, "act"):
+            malformed += 1
+            text = f"error: unknown tool {dec.name!r}; call act or one of {list(META_ACTIONS)}"
+            entry.update(result=text, ok=False)
         else:
             command = str(dec.args.get("command", dec.text)) if dec.name == "act" else dec.text
             chosen = closest_admissible(command.strip(), res.admissible_commands)
@@ -178,7 +183,8 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
         ws_tokens.append(len(tokens(entry["workspace"])))
         policy.observe(final_observation(text, won) if finished else text)
     else:
-        error = error or "turn budget spent"
+        if not finished:
+            error = error or "turn budget spent"
     workspace.finish(won)
     return _result(env, workspace, cost_cfg, won, env_steps, malformed, remapped, error, ws_tokens, transcript)
 

@@ -163,6 +163,10 @@ class GRPOStageConfig:
     save_steps: int = 50
     seed: int = 0
 
+    def __post_init__(self):
+        if self.temperature <= 0:
+            raise ValueError(f"grpo.temperature is {self.temperature}: GRPO samples its rollouts, use a value > 0")
+
 
 @dataclass
 class EvalConfig:
@@ -232,8 +236,10 @@ def load_profile(name_or_path: str = "default", overrides: dict | None = None) -
         known = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
         raise FileNotFoundError(f"profile {name_or_path!r} not found ({path}); available: {known}")
     raw = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: a profile is a mapping of sections, not {type(raw).__name__}")
     for section, values in (overrides or {}).items():
-        raw.setdefault(section, {}).update(values)
+        raw[section] = {**(raw.get(section) or {}), **values}
     cfg = PipelineConfig(profile=path.stem)
     for key, values in raw.items():
         if key == "registered_model_name":
@@ -241,9 +247,26 @@ def load_profile(name_or_path: str = "default", overrides: dict | None = None) -
             continue
         if key not in _SECTIONS:
             raise ValueError(f"{path}: unknown section {key!r}; expected one of {sorted(_SECTIONS)}")
-        known_fields = {f.name for f in dataclasses.fields(_SECTIONS[key])}
-        unknown = set(values or {}) - known_fields
+        values = values or {}
+        if not isinstance(values, dict):
+            raise ValueError(f"{path}: section {key!r} must be a mapping of fields, not {values!r}")
+        fields = {f.name: f for f in dataclasses.fields(_SECTIONS[key])}
+        unknown = set(values) - set(fields)
         if unknown:
             raise ValueError(f"{path}: section {key!r} has unknown fields {sorted(unknown)}")
-        setattr(cfg, key, dataclasses.replace(getattr(cfg, key), **(values or {})))
+        default = getattr(cfg, key)
+        for name, value in values.items():
+            _check_type(path, key, name, getattr(default, name), value)
+        setattr(cfg, key, dataclasses.replace(default, **values))
     return cfg
+
+
+def _check_type(path: Path, section: str, name: str, default, value) -> None:
+    """Reject a profile value whose type differs from the field's default (ints are accepted for floats)."""
+    expected = type(default)
+    ok = isinstance(value, expected) and not (isinstance(value, bool) and expected is not bool)
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        ok = True
+    if not ok:
+        raise ValueError(f"{path}: {section}.{name} is {value!r} ({type(value).__name__}); expected "
+                         f"{expected.__name__} like the default {default!r}")

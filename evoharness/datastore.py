@@ -1,7 +1,8 @@
 """The DVC-versioned raw logs: make sure ``data/`` holds the version ``data.dvc`` names, or create it.
 
 ``ensure_data`` is the collect stage's logic:
-- ``data/logs`` already holds shards: use them;
+- ``data/logs`` already holds shards: use them if their md5 is the one ``data.dvc`` names, else raise (a hand
+  edit is never recorded as a new version behind the user's back);
 - ``data.dvc`` exists: check the data out of the DVC cache; when no cache or remote holds it (a fresh clone),
   regenerate it with the profile's collection settings (collection is deterministic) and require the md5 to match
   ``data.dvc``; a mismatch restores ``data.dvc`` and raises, never a silent new version;
@@ -72,8 +73,17 @@ def ensure_data(repo: str | Path, cfg: CollectConfig, games: list[str], data_dir
     ensure_dvc_repo(repo)
     committed = dvc_md5(repo)
     if _has_logs(data):
-        md5 = dvc_add(repo)  # cheap when unchanged (DVC caches file hashes); records edits made by hand
-        return {"status": "present" if md5 == committed else "updated", "md5": md5, "manifest": None}
+        if not committed:
+            return {"status": "added", "md5": dvc_add(repo), "manifest": None}
+        dvc_text = (repo / "data.dvc").read_text()
+        md5 = dvc_add(repo)  # cheap when unchanged: DVC caches file hashes
+        if md5 != committed:
+            (repo / "data.dvc").write_text(dvc_text)
+            raise DataVersionMismatch(
+                f"{data} holds logs with md5 {md5}, not the version data.dvc names ({committed}). Restore it with "
+                f"`dvc checkout data`, or make it a new version on purpose with `dvc add data` and a commit of "
+                f"data.dvc. data.dvc was left unchanged.")
+        return {"status": "present", "md5": md5, "manifest": None}
     if committed:
         from dvc.exceptions import CheckoutError
         from dvc.repo import Repo
@@ -92,9 +102,12 @@ def ensure_data(repo: str | Path, cfg: CollectConfig, games: list[str], data_dir
     md5 = dvc_add(repo)
     if committed and md5 != committed:
         (repo / "data.dvc").write_text(dvc_text)
+        aside = repo / f"data.mismatch-{md5.removesuffix('.dir')[:12]}"
+        shutil.rmtree(aside, ignore_errors=True)
+        data.rename(aside)
         raise DataVersionMismatch(
             f"data.dvc names md5 {committed} but the logs regenerated with profile settings {manifest['settings']} "
             f"have md5 {md5}. The committed data version was made with other collection settings: run with the "
             f"profile that made it, restore data/ from a DVC cache or remote (dvc pull), or commit a new "
-            f"data.dvc on purpose. data.dvc was left unchanged; the regenerated logs are in {data}.")
+            f"data.dvc on purpose. data.dvc was left unchanged; the regenerated logs were moved to {aside}.")
     return {"status": "regenerated" if committed else "collected", "md5": md5, "manifest": manifest}

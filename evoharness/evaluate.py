@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from evoharness.alfworld_env import TASK_TYPES, ALFWorldEnv
-from evoharness.config import CostConfig, EvalConfig
+from evoharness.config import CostConfig, EvalConfig, TraceConfig
 from evoharness.harness import META_ACTIONS, ExperienceStore, Workspace
 
 
@@ -84,7 +84,7 @@ def summarize(results, split: str, games_total: int) -> dict:
 
 def evaluate(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig, out_dir: str | Path,
              experience_path: str | None = None, data_dir: str | None = None, games_total: int | None = None,
-             progress=print) -> dict:
+             progress=print, workspace_cfg: TraceConfig | None = None) -> dict:
     """Play each game once with ``policy``; write ``transcripts.jsonl`` and return the summary dict.
 
     ``experience_path``: an Experience store to start from (copied, so evaluation never changes it).
@@ -112,7 +112,7 @@ def evaluate(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig, o
                 res = EpisodeResult(game, "", False, 0, {m: 0 for m in META_ACTIONS}, 0, 0.0, 0.0,
                                     error=f"could not load game: {exc!r}")
             else:
-                ws = Workspace(store, f"eval-{i}")
+                ws = Workspace.from_config(store, f"eval-{i}", workspace_cfg or TraceConfig())
                 res = run_episode(env, pol, ws, cost, cfg.max_env_steps, cfg.max_meta_actions, seed=cfg.seed + i,
                                   env_timeout_s=cfg.episode_timeout_s)
                 env.close()

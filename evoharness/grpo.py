@@ -23,8 +23,8 @@ import os
 import time
 from pathlib import Path
 
-from evoharness.config import CostConfig, GRPOStageConfig
-from evoharness.harness import META_ACTIONS, SYSTEM_PROMPT, ExperienceStore, Workspace
+from evoharness.config import CostConfig, GRPOStageConfig, TraceConfig
+from evoharness.harness import META_ACTIONS, SYSTEM_PROMPT, TOOLS, ExperienceStore, Workspace
 
 
 def episode_metrics(results) -> dict:
@@ -63,8 +63,9 @@ class HarnessRollouts:
     """TRL ``rollout_func``: plays one episode per prompt entry and returns tokens, logprobs, env_mask, rewards."""
 
     def __init__(self, by_obs: dict[str, str], cfg: GRPOStageConfig, cost: CostConfig, experience_path: str,
-                 history_path: str, data_dir: str | None = None):
+                 history_path: str, data_dir: str | None = None, workspace_cfg: TraceConfig | None = None):
         self.by_obs, self.cfg, self.cost = by_obs, cfg, cost
+        self.workspace_cfg = workspace_cfg or TraceConfig()
         self.experience = ExperienceStore(experience_path)
         self.history_path = Path(history_path)
         self.data_dir = data_dir
@@ -72,6 +73,7 @@ class HarnessRollouts:
 
     def __call__(self, prompts: list, trainer) -> dict:
         import mlflow
+
         from evoharness.agent import run_episode
         from evoharness.alfworld_env import ALFWorldEnv
         from evoharness.lm_policy import LMPolicy
@@ -84,12 +86,18 @@ class HarnessRollouts:
             game = self.by_obs[prompt[-1]["content"]]
             env = ALFWorldEnv(game, max_steps=self.cfg.max_env_steps + 1, expert=False, data_dir=self.data_dir)
             policy = LMPolicy(model, tokenizer, self.cfg.max_new_tokens, self.cfg.temperature)
-            ws = Workspace(self.experience, f"grpo-{self.calls}-{i}")
+            ws = Workspace.from_config(self.experience, f"grpo-{self.calls}-{i}", self.workspace_cfg)
             seed = self.cfg.seed + 1000 * self.calls + i
             res = run_episode(env, policy, ws, self.cost, self.cfg.max_env_steps, self.cfg.max_meta_actions, seed)
             env.close()
             results.append(res)
-            for k, v in policy.rollout().items():
+            rollout = policy.rollout() if getattr(policy, "prompt_ids", None) else {}
+            if not any(rollout.get("env_mask", [])):  # reset failed or nothing generated: one masked token
+                prompt_ids = rollout.get("prompt_ids") or tokenizer.apply_chat_template(
+                    prompt, tools=TOOLS, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+                rollout = {"prompt_ids": prompt_ids, "completion_ids": [policy.end_id], "logprobs": [0.0],
+                           "env_mask": [0]}
+            for k, v in rollout.items():
                 out[k].append(v)
             out["episode_reward"].append(res.reward)
         metrics = episode_metrics(results) | {"rollouts_per_min": len(results) / max(time.time() - t0, 1e-9) * 60}
@@ -112,7 +120,7 @@ def episode_reward(prompts, completions, episode_reward, **kwargs) -> list[float
 
 
 def train_grpo(model_path: str, games: list[str], output_dir: str, cfg: GRPOStageConfig, cost: CostConfig,
-               experience_path: str, data_dir: str | None = None) -> dict:
+               experience_path: str, data_dir: str | None = None, workspace_cfg: TraceConfig | None = None) -> dict:
     """Run cost-aware GRPO from ``model_path``; returns the final path and the first/last step's metrics.
 
     Checkpoints go to ``output_dir/checkpoints`` and a re-run resumes from the last one.
@@ -137,7 +145,8 @@ def train_grpo(model_path: str, games: list[str], output_dir: str, cfg: GRPOStag
         save_steps=cfg.save_steps, seed=cfg.seed, use_cpu=True, bf16=False,
         report_to=["mlflow"] if os.environ.get("MLFLOW_RUN_ID") else "none", disable_tqdm=False,
     )
-    rollouts = HarnessRollouts(by_obs, cfg, cost, experience_path, str(out / "history.jsonl"), data_dir)
+    rollouts = HarnessRollouts(by_obs, cfg, cost, experience_path, str(out / "history.jsonl"), data_dir,
+                               workspace_cfg)
     trainer = GRPOTrainer(model=model, reward_funcs=[episode_reward], args=args,
                           train_dataset=Dataset.from_list(rows), processing_class=tokenizer, rollout_func=rollouts)
     last = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.exists() else None
@@ -159,7 +168,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="JSON file: model_path, games, output_dir, experience_path, grpo, cost, data_dir")
     spec = json.loads(Path(parser.parse_args(argv).spec).read_text())
     result = train_grpo(spec["model_path"], spec["games"], spec["output_dir"], GRPOStageConfig(**spec["grpo"]),
-                        CostConfig(**spec["cost"]), spec["experience_path"], spec.get("data_dir"))
+                        CostConfig(**spec["cost"]), spec["experience_path"], spec.get("data_dir"),
+                        TraceConfig(**spec["traces"]) if spec.get("traces") else None)
     Path(spec["output_dir"], "result.json").write_text(json.dumps(result, indent=1))
 
 

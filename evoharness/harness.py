@@ -166,6 +166,12 @@ class Workspace:
         self.last_observation = ""
         self.recalled: set[int] = set()
 
+    @classmethod
+    def from_config(cls, experience: ExperienceStore, episode_id: str, cfg) -> "Workspace":
+        """A workspace with the ``TraceConfig`` settings (recall top-k, Belief facts shown, render budget), so
+        traces, rollouts and evaluation see the same harness."""
+        return cls(experience, episode_id, cfg.recall_top_k, cfg.max_belief_facts, cfg.render_budget_tokens)
+
     def observe(self, step: int, observation: str) -> None:
         """Tell the workspace what the environment just said (Belief facts cite it as their source)."""
         self.last_observation = observation

@@ -62,7 +62,10 @@ def resolve_data(repo: str | Path, tags: dict) -> tuple[str, list[tuple[str, int
     if md5 != want:
         raise LineageError(f"data.dvc at rev {rev} names md5 {md5}, the model records {want}")
     fs = DVCFileSystem(str(repo), rev=rev)
-    shards = [(p, fs.info(p)["size"]) for p in sorted(fs.find("data/logs"))]
+    shards = []
+    for path in sorted(fs.find("data/logs")):
+        with fs.open(path, "rb") as fh:
+            shards.append((path, len(fh.read())))
     return rev, shards
 
 
@@ -82,8 +85,9 @@ def harness_diff(model: dict, parent: dict) -> list[str]:
 
 def audit(model_uri: str, repo: str | Path, out=print) -> dict:
     """Print and verify the lineage of ``model_uri``. Returns what was found; raises LineageError on failure."""
-    from evoharness.registry import parse_model_uri
     from mlflow import MlflowClient
+
+    from evoharness.registry import parse_model_uri
 
     parsed = parse_model_uri(model_uri)
     if parsed is None:
@@ -92,6 +96,11 @@ def audit(model_uri: str, repo: str | Path, out=print) -> dict:
     client = MlflowClient()
     mv = client.get_model_version(name, version)
     tags = mv.tags
+    required = ("dvc_md5", "data_rev", "trace_hash", "git_commit", "pipeline_run_id", "parent_model_run_id")
+    missing = [t for t in required if not tags.get(t)]
+    if missing:
+        raise LineageError(f"{name} version {version} lacks lineage tags {missing}: it was not registered by the "
+                           f"pipeline, or its tags were removed")
     out(f"model      {name} version {version}  aliases {mv.aliases}  run {mv.run_id}")
     out(f"code       git {tags.get('git_commit')} (dirty: {tags.get('git_dirty')}), profile {tags.get('profile')}, "
         f"config digest {tags.get('config_digest')}")
@@ -101,12 +110,14 @@ def audit(model_uri: str, repo: str | Path, out=print) -> dict:
         run_id = tags.get(key)
         if run_id:
             r = client.get_run(run_id)
-            out(f"run        {label:<11}{run_id}  {r.info.run_name}  {r.info.status}")
+            note = "" if r.info.status in ("FINISHED", "RUNNING") else "   <- WARNING: this run did not finish"
+            out(f"run        {label:<11}{run_id}  {r.info.run_name}  {r.info.status}{note}")
     inputs = client.get_run(mv.run_id).inputs.dataset_inputs if mv.run_id else []
     digests = [d.dataset.digest for d in inputs]
     out(f"traces     hash {tags.get('trace_hash')}  (dataset input digests {digests})")
-    if tags.get("trace_hash") and digests and tags["trace_hash"][:16] not in digests:
-        raise LineageError(f"the register run's dataset input {digests} does not match trace hash {tags['trace_hash']}")
+    if tags["trace_hash"][:16] not in digests:
+        raise LineageError(f"the register run's dataset inputs {digests} do not include trace hash "
+                           f"{tags['trace_hash']}")
     rev, shards = resolve_data(repo, tags)
     out(f"data       rev {tags.get('data_rev')} -> git {rev}, DVC md5 {tags.get('dvc_md5')}: resolves, md5 matches")
     for path, size in shards:
@@ -133,13 +144,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("model_uri", help="models:/NAME/VERSION or models:/NAME@ALIAS")
     p.add_argument("--repo", default=".", help="the project checkout holding data.dvc and mlflow/ (default: .)")
     a = p.parse_args(argv)
+    import os
+
+    from mlflow.exceptions import MlflowException
+
+    store = Path(a.repo) / "mlflow" / "mlflow.db"
+    if not os.environ.get("MLFLOW_TRACKING_URI") and not store.exists():
+        print(f"no MLflow store at {store}: pass --repo with the checkout that ran the pipeline", file=sys.stderr)
+        return 2
     configure(a.repo)
     try:
         audit(a.model_uri, a.repo)
     except LineageError as exc:
         print(f"lineage check FAILED: {exc}", file=sys.stderr)
         return 1
-    except Exception as exc:  # an unknown model, alias or version
+    except (MlflowException, ValueError) as exc:  # an unknown model, alias or version
         print(f"cannot resolve {a.model_uri}: {exc}", file=sys.stderr)
         return 2
     print("lineage check passed")

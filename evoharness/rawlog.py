@@ -86,6 +86,14 @@ def validate_record(rec: object, where: str) -> dict:
         raise RawLogError(f"{where}: field 'admissible_commands' must be a list of strings")
     if rec["step"] > 0 and rec["action"] is None:
         raise RawLogError(f"{where}: field 'action' is null at step {rec['step']}; only step 0 has no action")
+    if rec["step"] == 0 and rec["action"] is not None:
+        raise RawLogError(f"{where}: field 'action' is {rec['action']!r} at step 0; step 0 is the initial observation")
+    if rec["step"] < 0:
+        raise RawLogError(f"{where}: field 'step' is {rec['step']}; steps count from 0")
+    if "error" in rec and not isinstance(rec["error"], str):
+        raise RawLogError(f"{where}: field 'error' is {type(rec['error']).__name__}, expected str")
+    if rec["reward"] != rec["reward"]:
+        raise RawLogError(f"{where}: field 'reward' is NaN")
     return rec
 
 
@@ -115,7 +123,7 @@ def parse_lines(lines, source: str, quarantine: list | None = None) -> list[Epis
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
-            bad(where, f"{where}: not valid JSON ({exc.msg} at column {exc.colno})", line)
+            bad(where, f"{where}: not valid JSON ({exc.msg}; column {exc.colno})", line)
             continue
         episode_id = rec.get("episode_id") if isinstance(rec, dict) else None
         try:
@@ -133,8 +141,22 @@ def parse_lines(lines, source: str, quarantine: list | None = None) -> list[Epis
             bad(where, f"{where}: field 'step' is {rec['step']} but episode {rec['episode_id']!r} "
                        f"expects step {len(ep.records)}", line, rec["episode_id"])
             continue
+        if rec["game"] != ep.game:
+            bad(where, f"{where}: field 'game' is {rec['game']!r} but episode {rec['episode_id']!r} plays "
+                       f"{ep.game!r}", line, rec["episode_id"])
+            continue
+        if ep.records and ep.records[-1]["done"]:
+            bad(where, f"{where}: episode {rec['episode_id']!r} already ended (done) at step "
+                       f"{len(ep.records) - 1}", line, rec["episode_id"])
+            continue
         ep.records.append(rec)
         kept_lines.setdefault(rec["episode_id"], []).append((where, line))
+    for episode_id, ep in list(episodes.items()):
+        if episode_id not in broken and not ep.records[-1]["done"] and "error" not in ep.records[-1]:
+            where = kept_lines[episode_id][-1][0]
+            bad(where, f"{where}: episode {episode_id!r} ends at step {len(ep.records) - 1} without done "
+                       f"(a truncated log?)", kept_lines[episode_id][-1][1], episode_id)
+            kept_lines[episode_id].pop()
     for episode_id, first_bad in broken.items():
         for where, line in kept_lines.pop(episode_id, []):
             quarantine.append({"where": where, "error": f"{where}: episode {episode_id!r} is incomplete "

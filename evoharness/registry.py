@@ -71,9 +71,8 @@ def promote(name: str, candidate: str, split: str, games: list[str], evaluate_ve
     champion's; the champion is evaluated on those games first when it has no such record
     (``evaluate_version(version) -> success_rate``). Returns the comparison, with ``promoted``.
     """
-    from mlflow.exceptions import MlflowException
-
     from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
 
     client = MlflowClient()
     cand = recorded_success(name, candidate, split, games)

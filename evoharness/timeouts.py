@@ -2,21 +2,32 @@
 
 from __future__ import annotations
 
-import concurrent.futures
+import queue
+import threading
 
 
 def call_with_timeout(fn, timeout_s: float, *args, **kwargs):
-    """Run ``fn(*args, **kwargs)`` and return its result, or raise TimeoutError after ``timeout_s`` seconds.
+    """Run ``fn(*args, **kwargs)`` and return its result (or raise its exception), or raise TimeoutError after
+    ``timeout_s`` seconds.
 
-    The call runs in a daemon worker thread; a call that hangs is abandoned (its thread cannot be killed), so
-    callers end the episode and replace the environment.
+    The call runs in a daemon thread: a call that hangs is abandoned (a thread cannot be killed) and does not keep
+    the process alive at exit; callers end the episode and replace the environment.
     """
     if not timeout_s or timeout_s <= 0:
         return fn(*args, **kwargs)
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    box: queue.Queue = queue.Queue(maxsize=1)
+
+    def run():
+        try:
+            box.put((True, fn(*args, **kwargs)))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box.put((False, exc))
+
+    threading.Thread(target=run, daemon=True, name=f"env-call-{getattr(fn, '__name__', 'fn')}").start()
     try:
-        return pool.submit(fn, *args, **kwargs).result(timeout=timeout_s)
-    except concurrent.futures.TimeoutError:
+        ok, value = box.get(timeout=timeout_s)
+    except queue.Empty:
         raise TimeoutError(f"{getattr(fn, '__qualname__', fn)} did not return within {timeout_s}s") from None
-    finally:
-        pool.shutdown(wait=False)
+    if ok:
+        return value
+    raise value

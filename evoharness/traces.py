@@ -70,8 +70,7 @@ class Teacher:
 
     def annotate(self, ep: Episode) -> dict:
         """One episode -> a trace row ``{"messages", "tools", "episode_id", "game", "won", "meta_actions"}``."""
-        ws = Workspace(self.experience, ep.episode_id, self.cfg.recall_top_k, self.cfg.max_belief_facts,
-                       self.cfg.render_budget_tokens)
+        ws = Workspace.from_config(self.experience, ep.episode_id, self.cfg)
         msgs: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT},
                             {"role": "user", "content": ep.records[0]["observation"]}]
 

@@ -66,10 +66,9 @@ def flat(prefix: str, d: dict) -> dict:
 
 def log_trace_dataset(path: str, content_hash: str, context: str = "training") -> None:
     """Log the trace dataset as an MLflow dataset input of the active run, its content hash as the digest."""
+    import mlflow
     from mlflow.data.meta_dataset import MetaDataset
     from mlflow.data.sources import LocalArtifactDatasetSource
-
-    import mlflow
 
     dataset = MetaDataset(source=LocalArtifactDatasetSource(str(path)), name="bpe-traces", digest=content_hash[:16])
     mlflow.log_input(dataset, context=context, tags={"trace_hash": content_hash})
@@ -82,8 +81,9 @@ def log_and_register(model_path: str, registered_name: str, alias: str, tags: di
     Returns ``{"model_uri", "version", "logged_model_uri"}``; ``model_uri`` is ``models:/NAME/VERSION``.
     """
     import mlflow
-    from evoharness.model import load_policy
     from mlflow import MlflowClient
+
+    from evoharness.model import load_policy
 
     model, tokenizer = load_policy(model_path)
     info = mlflow.transformers.log_model(

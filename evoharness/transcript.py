@@ -1,6 +1,6 @@
 """Print one episode transcript (``transcripts.jsonl`` written by evaluation) as a readable table.
 
-    python -m evoharness.transcript runs/<run>/eval-valid_seen/transcripts.jsonl [--episode N] [--width W]
+    python -m evoharness.transcript runs/eval/<run>/evaluate-valid_seen/transcripts.jsonl [--episode N] [--width W]
 """
 
 from __future__ import annotations
@@ -13,6 +13,9 @@ from pathlib import Path
 
 def load_episode(path: str | Path, index: int = 0) -> dict:
     """The ``index``-th episode of a transcripts JSONL file. Raises IndexError naming the file and its length."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{path}: no such transcript file (evaluation writes runs/eval/<run>/<name>/"
+                                f"transcripts.jsonl)")
     lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
     if not 0 <= index < len(lines):
         raise IndexError(f"{path} holds {len(lines)} episodes; --episode {index} is out of range")
@@ -41,7 +44,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--episode", type=int, default=0)
     p.add_argument("--width", type=int, default=60)
     a = p.parse_args(argv)
-    print(format_table(load_episode(a.file, a.episode), a.width))
+    try:
+        episode = load_episode(a.file, a.episode)
+    except (FileNotFoundError, IndexError) as exc:
+        raise SystemExit(f"error: {exc.args[0]}") from None
+    print(format_table(episode, a.width))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ def evaluate_flow(policy: str, split: str = "valid_seen", limit: int = 0, profil
     import mlflow
 
     with mlflow.start_run(run_name=f"evaluate-{split}", tags={**git_info(repo), "policy": policy}) as run:
-        summary = evaluate_task(policy, ev_cfg, cfg.cost, str(work), run.info.run_id, model_uri=policy)
+        summary = evaluate_task(policy, ev_cfg, cfg.cost, str(work), run.info.run_id, model_uri=policy,
+                                workspace_cfg=cfg.traces)
     summary["model_uri"] = policy
     print(f"{policy} on {split}: success {summary['success_rate']:.3f} over {summary['episodes']} episodes; "
           f"by task type {summary['success_by_task_type']}; MLflow run {summary['mlflow_run_id']}")

@@ -56,10 +56,10 @@ def pipeline(profile: str = "default", data_rev: str | None = None, split: str |
         model = register_task(grpo["final_path"], cfg.registered_model_name, lineage, cfg.to_dict(), traces, pid)
         lap("register")
         ev = evaluate_task(grpo["final_path"], cfg.evaluate, cfg.cost, evals, pid, grpo["experience_path"],
-                           model["model_uri"])
+                           model["model_uri"], workspace_cfg=cfg.traces)
         parent_ev = evaluate_task(sft["final_path"], cfg.evaluate, cfg.cost, evals, pid, traces["experience_path"],
                                   f"runs:/{sft['run_id']}", name=f"evaluate-parent-{cfg.evaluate.split}",
-                                  parent_of=model["model_uri"])
+                                  parent_of=model["model_uri"], workspace_cfg=cfg.traces)
         lap("evaluate")
         decision = promote_task(model, cfg.registered_model_name, ev, cfg.evaluate, cfg.cost, evals, pid)
         lap("promote")

@@ -42,9 +42,10 @@ def chromium() -> str | None:
 
 def screenshot(repo: Path, model_uri: str, out: Path) -> dict:
     """Take the screenshot; returns the run id, the URL and the PNG path. Raises RuntimeError on failure."""
+    from mlflow import MlflowClient
+
     from evoharness.registry import parse_model_uri
     from evoharness.tracking import configure
-    from mlflow import MlflowClient
 
     uri = configure(repo)
     name, version = parse_model_uri(model_uri)

@@ -1,8 +1,8 @@
 """Task caching keyed on a stage's inputs and the task's source, with content-addressed output folders.
 
 A cacheable stage writes into ``runs/<stage>/<key>/`` where ``key`` hashes what determines its output (the data
-md5 or the parent's content hash, the stage's resolved config, the ``evoharness`` library's source). The Prefect cache key is that
-key plus the task's source (``TASK_SOURCE``) plus the folder's epoch: a random id written into
+md5 or the parent's content hash, the stage's resolved config, the ``evoharness`` library's source). The Prefect
+cache key is that key plus the task's source (``TASK_SOURCE``) plus the folder's epoch: a random id written into
 ``<folder>/.cache-epoch`` when the folder is first keyed. A deleted folder gets a new epoch, so its output is
 rebuilt rather than served from a stale cache record; a run that failed stored no record, so its rerun resumes
 in the same folder.
@@ -52,3 +52,18 @@ def run_stage(task, *args, **kwargs) -> tuple[object, bool]:
     """Call a Prefect task; return (its result, whether Prefect served it from the cache)."""
     state = task(*args, return_state=True, **kwargs)
     return state.result(), state.name == "Cached"
+
+
+def transient_only(_task, _task_run, state) -> bool:
+    """Prefect ``retry_condition_fn``: retry crashes and flaky failures, never deterministic input errors (a missing
+    split or game, a bad record, a data-version mismatch, a bad config), which would fail the same way again."""
+    from evoharness.datastore import DataVersionMismatch
+    from evoharness.rawlog import RawLogError
+
+    try:
+        state.result()
+    except (FileNotFoundError, ValueError, RawLogError, DataVersionMismatch, KeyError, TypeError):
+        return False
+    except Exception:
+        return True
+    return True

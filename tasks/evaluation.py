@@ -4,21 +4,38 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import mlflow
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-import mlflow
 from evoharness.alfworld_env import list_games
-from evoharness.config import CostConfig, EvalConfig
+from evoharness.config import CostConfig, EvalConfig, TraceConfig
 from evoharness.evaluate import evaluate, spread
 from evoharness.registry import link_evaluation, link_parent_evaluation, promote
 from evoharness.tracking import flat, log_and_register, log_trace_dataset, start_run
+from tasks.caching import transient_only
 
 
-@task(name="evaluate", retries=2, retry_delay_seconds=[10, 60], timeout_seconds=6 * 3600, cache_policy=NO_CACHE)
-def evaluate_task(policy: str, cfg: EvalConfig, cost: CostConfig, work_dir: str, parent_run_id: str | None,
-                  experience_path: str | None = None, model_uri: str | None = None, name: str | None = None,
-                  parent_of: str | None = None) -> dict:
+@task(
+    name="evaluate",
+    retries=2,
+    retry_condition_fn=transient_only,
+    retry_delay_seconds=[10, 60],
+    timeout_seconds=6 * 3600,
+    cache_policy=NO_CACHE,
+)
+def evaluate_task(
+    policy: str,
+    cfg: EvalConfig,
+    cost: CostConfig,
+    work_dir: str,
+    parent_run_id: str | None,
+    experience_path: str | None = None,
+    model_uri: str | None = None,
+    name: str | None = None,
+    parent_of: str | None = None,
+    workspace_cfg: TraceConfig | None = None,
+) -> dict:
     """Play ``cfg.limit`` evenly spaced games of ``cfg.split`` (0 = all) with ``policy``; log the summary to a
     (nested) run, and link the run to the registered version when ``model_uri`` names one. ``parent_of``: a
     registered version whose parent this policy is; its ``parent_evaluation_run_id`` tag gets this run."""
@@ -27,11 +44,21 @@ def evaluate_task(policy: str, cfg: EvalConfig, cost: CostConfig, work_dir: str,
     games = spread(all_games, cfg.limit)
     name = name or f"evaluate-{cfg.split}"
     out = Path(work_dir) / name
-    with start_run(name, parent_run_id,
-                   tags={"policy": policy, "split": cfg.split, "model_uri": model_uri or policy}) as run:
+    with start_run(
+        name, parent_run_id, tags={"policy": policy, "split": cfg.split, "model_uri": model_uri or policy}
+    ) as run:
         mlflow.log_params({f"evaluate.{k}": v for k, v in cfg.__dict__.items()})
-        summary = evaluate(policy, games, cfg, cost, out, experience_path, games_total=len(all_games),
-                           progress=log.info)
+        summary = evaluate(
+            policy,
+            games,
+            cfg,
+            cost,
+            out,
+            experience_path,
+            games_total=len(all_games),
+            progress=log.info,
+            workspace_cfg=workspace_cfg,
+        )
         mlflow.log_metrics(flat("", {k: v for k, v in summary.items() if k != "errors"}))
         mlflow.log_dict(summary | {"games": games}, "summary.json")
         mlflow.log_artifact(str(out / "transcripts.jsonl"))
@@ -44,9 +71,17 @@ def evaluate_task(policy: str, cfg: EvalConfig, cost: CostConfig, work_dir: str,
     return summary
 
 
-@task(name="register", retries=2, retry_delay_seconds=[10, 60], timeout_seconds=1800, cache_policy=NO_CACHE)
-def register_task(model_path: str, registered_name: str, lineage: dict, config: dict, trace_dataset: dict,
-                  parent_run_id: str) -> dict:
+@task(
+    name="register",
+    retries=2,
+    retry_condition_fn=transient_only,
+    retry_delay_seconds=[10, 60],
+    timeout_seconds=1800,
+    cache_policy=NO_CACHE,
+)
+def register_task(
+    model_path: str, registered_name: str, lineage: dict, config: dict, trace_dataset: dict, parent_run_id: str
+) -> dict:
     """Log the final policy, register it under ``registered_name`` with alias ``candidate``, lineage tags, the
     resolved config and the trace dataset as the run's MLflow dataset input."""
     with start_run("register", parent_run_id, tags=lineage):
@@ -57,9 +92,16 @@ def register_task(model_path: str, registered_name: str, lineage: dict, config: 
     return info
 
 
-@task(name="promote", retries=1, timeout_seconds=6 * 3600, cache_policy=NO_CACHE)
-def promote_task(model: dict, registered_name: str, evaluation: dict, cfg: EvalConfig, cost: CostConfig,
-                 work_dir: str, parent_run_id: str) -> dict:
+@task(name="promote", retries=1, retry_condition_fn=transient_only, timeout_seconds=6 * 3600, cache_policy=NO_CACHE)
+def promote_task(
+    model: dict,
+    registered_name: str,
+    evaluation: dict,
+    cfg: EvalConfig,
+    cost: CostConfig,
+    work_dir: str,
+    parent_run_id: str,
+) -> dict:
     """Move ``champion`` to the candidate when its success on the same split and games is at least the
     champion's (the champion is evaluated on them first if needed); log the comparison."""
     log = get_run_logger()
@@ -67,17 +109,21 @@ def promote_task(model: dict, registered_name: str, evaluation: dict, cfg: EvalC
 
         def evaluate_champion(version: str) -> float:
             uri = f"models:/{registered_name}/{version}"
-            summary = evaluate_task.fn(uri, cfg, cost, work_dir, run.info.run_id, model_uri=uri,
-                                       name=f"evaluate-champion-v{version}")
+            summary = evaluate_task.fn(
+                uri, cfg, cost, work_dir, run.info.run_id, model_uri=uri, name=f"evaluate-champion-v{version}"
+            )
             return summary["success_rate"]
 
         decision = promote(registered_name, model["version"], cfg.split, evaluation["games"], evaluate_champion)
         mlflow.log_dict(decision, "comparison.json")
-        mlflow.set_tags({"promoted": str(decision["promoted"]).lower(), "split": cfg.split,
-                         "games_sha": decision["games_sha"]})
+        mlflow.set_tags(
+            {"promoted": str(decision["promoted"]).lower(), "split": cfg.split, "games_sha": decision["games_sha"]}
+        )
         mlflow.log_metrics({k: v for k, v in decision.items() if isinstance(v, float)})
         decision["run_id"] = run.info.run_id
-    log.info(f"promotion: candidate v{decision['candidate_version']} {decision['candidate_success_rate']:.3f} vs "
-             f"champion v{decision['champion_version']} {decision['champion_success_rate']} -> "
-             f"{'promoted' if decision['promoted'] else 'kept champion'}")
+    log.info(
+        f"promotion: candidate v{decision['candidate_version']} {decision['candidate_success_rate']:.3f} vs "
+        f"champion v{decision['champion_version']} {decision['champion_success_rate']} -> "
+        f"{'promoted' if decision['promoted'] else 'kept champion'}"
+    )
     return decision

@@ -6,6 +6,7 @@ import contextlib
 import json
 
 import mlflow
+
 from evoharness.config import PipelineConfig
 from evoharness.tracking import configure, git_info, start_run
 
@@ -20,8 +21,13 @@ def pipeline_run(name: str, cfg: PipelineConfig, repo: str, data_rev: str | None
     from prefect.runtime import deployment, flow_run
 
     configure(repo)
-    tags = {**git_info(repo), "profile": cfg.profile, "data_rev": data_rev or "workspace",
-            "prefect_flow_run_id": str(flow_run.id or ""), "prefect_deployment_id": str(deployment.id or "")}
+    tags = {
+        **git_info(repo),
+        "profile": cfg.profile,
+        "data_rev": data_rev or "workspace",
+        "prefect_flow_run_id": str(flow_run.id or ""),
+        "prefect_deployment_id": str(deployment.id or ""),
+    }
     with start_run(name, tags=tags) as run:
         mlflow.log_dict(cfg.to_dict(), "config.json")
         mlflow.log_param("config", json.dumps(cfg.to_dict())[:6000])

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import mlflow
 from prefect import get_run_logger, task
 
-import mlflow
 from evoharness.config import PipelineConfig
 from evoharness.traces import build_traces
 from evoharness.tracking import log_trace_dataset, start_run
@@ -30,16 +30,29 @@ def build_traces_task(episodes: list, md5: str, cfg: PipelineConfig, work_dir: s
         mlflow.set_tag("trace_hash", stats["content_hash"])
         mlflow.MlflowClient().set_tag(parent_run_id, "trace_hash", stats["content_hash"])
         mlflow.log_params({f"traces.{k}": v for k, v in cfg.traces.__dict__.items()})
-        mlflow.log_metrics({"episodes": stats["episodes"], "kept": stats["kept"], "steps": stats["steps"],
-                            "lessons": stats["lessons"], **{f"meta_actions_per_episode.{k}": v
-                                                            for k, v in stats["meta_actions_per_episode"].items()}})
+        mlflow.log_metrics(
+            {
+                "episodes": stats["episodes"],
+                "kept": stats["kept"],
+                "steps": stats["steps"],
+                "lessons": stats["lessons"],
+                **{f"meta_actions_per_episode.{k}": v for k, v in stats["meta_actions_per_episode"].items()},
+            }
+        )
         log_trace_dataset(str(out / "train.jsonl"), stats["content_hash"])
         mlflow.log_metrics({k: v for k, v in stats.items() if k.endswith(("_mean", "_max"))})
         for i, line in enumerate((out / "train.jsonl").read_text().splitlines()[:3]):
             mlflow.log_text(json.dumps(json.loads(line), indent=1), f"example_traces/trace_{i}.json")
-    get_run_logger().info(f"traces: {stats['train_rows']} train / {stats['valid_rows']} valid rows, "
-                          f"hash {stats['content_hash'][:12]}")
-    result = {"dir": str(out), "train_file": str(out / "train.jsonl"), "valid_file": str(out / "valid.jsonl"),
-              "experience_path": str(out / "experience.db"), "run_id": run.info.run_id, **stats}
+    get_run_logger().info(
+        f"traces: {stats['train_rows']} train / {stats['valid_rows']} valid rows, hash {stats['content_hash'][:12]}"
+    )
+    result = {
+        "dir": str(out),
+        "train_file": str(out / "train.jsonl"),
+        "valid_file": str(out / "valid.jsonl"),
+        "experience_path": str(out / "experience.db"),
+        "run_id": run.info.run_id,
+        **stats,
+    }
     (out / "result.json").write_text(json.dumps(result, indent=1))
     return result

@@ -10,37 +10,56 @@ import dataclasses
 import json
 from pathlib import Path
 
+import mlflow
 from prefect import get_run_logger, task
 
-import mlflow
 from evoharness.alfworld_env import list_games
 from evoharness.config import PipelineConfig
 from evoharness.launch import accelerate_launch
 from evoharness.model import build_default_model, load_policy, num_parameters
 from evoharness.plots import annealing_figure
 from evoharness.tracking import start_run
-from tasks.caching import content_key, stage_policy
+from tasks.caching import content_key, stage_policy, transient_only
 
 
 def _child_env(run_id: str) -> dict:
-    return {"MLFLOW_RUN_ID": run_id, "MLFLOW_TRACKING_URI": mlflow.get_tracking_uri(),
-            "MLFLOW_EXPERIMENT_ID": mlflow.get_experiment_by_name("evoharness").experiment_id}
+    return {
+        "MLFLOW_RUN_ID": run_id,
+        "MLFLOW_TRACKING_URI": mlflow.get_tracking_uri(),
+        "MLFLOW_EXPERIMENT_ID": mlflow.get_experiment_by_name("evoharness").experiment_id,
+    }
 
 
 def sft_dir(p: dict) -> Path:
     """``runs/sft/<key>``: keyed on the trace content hash, the model and the SFT settings."""
-    return Path(p["work_dir"]) / "sft" / content_key(p["traces"]["content_hash"], p["cfg"].model, p["cfg"].sft,
-                                                       p["work_dir"])
+    return (
+        Path(p["work_dir"])
+        / "sft"
+        / content_key(p["traces"]["content_hash"], p["cfg"].model, p["cfg"].sft, p["work_dir"])
+    )
 
 
 def grpo_dir(p: dict) -> Path:
     """``runs/grpo/<key>``: keyed on the SFT checkpoint (itself content-addressed), GRPO and cost settings."""
-    return Path(p["work_dir"]) / "grpo" / content_key(p["sft"]["final_path"], p["cfg"].grpo, p["cfg"].cost,
-                                                        p["work_dir"])
+    sft_epoch = Path(p["sft"]["final_path"]).parent / ".cache-epoch"  # a retrained SFT folder has a new epoch
+    return (
+        Path(p["work_dir"])
+        / "grpo"
+        / content_key(
+            p["sft"]["final_path"], sft_epoch.read_text(), p["cfg"].grpo, p["cfg"].cost, p["cfg"].traces, p["work_dir"]
+        )
+    )
 
 
-@task(name="sft", retries=2, retry_delay_seconds=[10, 60], timeout_seconds=4 * 3600, cache_policy=stage_policy(sft_dir),
-      persist_result=True)
+@task(
+    name="sft",
+    retries=2,
+    retry_condition_fn=transient_only,
+    retry_delay_seconds=[10, 60],
+    timeout_seconds=4 * 3600,
+    cache_policy=stage_policy(sft_dir),
+    persist_result=True,
+)
 def sft_task(cfg: PipelineConfig, traces: dict, work_dir: str, parent_run_id: str) -> dict:
     """Build the embedded default model (or take ``cfg.model.path``) and fine-tune it on the traces.
 
@@ -53,23 +72,45 @@ def sft_task(cfg: PipelineConfig, traces: dict, work_dir: str, parent_run_id: st
             base = str(out / "base")
             if not (Path(base) / "config.json").exists():
                 build_default_model(cfg.model, traces["train_file"], base)
-        mlflow.log_params({"base_model": "embedded-default" if not cfg.model.path else base,
-                           **{f"sft.{k}": v for k, v in dataclasses.asdict(cfg.sft).items()},
-                           **{f"model.{k}": v for k, v in dataclasses.asdict(cfg.model).items()}})
-        spec = {"model_path": base, "train_file": traces["train_file"], "valid_file": traces["valid_file"],
-                "output_dir": str(out), "sft": dataclasses.asdict(cfg.sft)}
+        mlflow.log_params(
+            {
+                "base_model": "embedded-default" if not cfg.model.path else base,
+                **{f"sft.{k}": v for k, v in dataclasses.asdict(cfg.sft).items()},
+                **{f"model.{k}": v for k, v in dataclasses.asdict(cfg.model).items()},
+            }
+        )
+        spec = {
+            "model_path": base,
+            "train_file": traces["train_file"],
+            "valid_file": traces["valid_file"],
+            "output_dir": str(out),
+            "sft": dataclasses.asdict(cfg.sft),
+        }
         result = accelerate_launch("evoharness.sft", spec, out, cfg.sft.num_processes, _child_env(run.info.run_id))
         model, _ = load_policy(result["final_path"])
         result["parameters"] = num_parameters(model)
-        mlflow.log_metrics({"parameters": result["parameters"], "global_step": result["global_step"],
-                            "world_size": result["world_size"], "final_train_loss": result["train_loss"]})
+        mlflow.log_metrics(
+            {
+                "parameters": result["parameters"],
+                "global_step": result["global_step"],
+                "world_size": result["world_size"],
+                "final_train_loss": result["train_loss"],
+            }
+        )
         result["run_id"] = run.info.run_id
     get_run_logger().info(f"sft: {result['global_step']} steps, loss {result['first_loss']} -> {result['last_loss']}")
     return result
 
 
-@task(name="grpo", retries=2, retry_delay_seconds=[10, 60], timeout_seconds=6 * 3600,
-      cache_policy=stage_policy(grpo_dir), persist_result=True)
+@task(
+    name="grpo",
+    retries=2,
+    retry_condition_fn=transient_only,
+    retry_delay_seconds=[10, 60],
+    timeout_seconds=6 * 3600,
+    cache_policy=stage_policy(grpo_dir),
+    persist_result=True,
+)
 def grpo_task(cfg: PipelineConfig, sft: dict, traces: dict, work_dir: str, parent_run_id: str) -> dict:
     """Cost-aware GRPO from the SFT checkpoint on multi-turn ALFWorld episodes; logs the annealing curve.
 
@@ -78,11 +119,21 @@ def grpo_task(cfg: PipelineConfig, sft: dict, traces: dict, work_dir: str, paren
     out = grpo_dir({"sft": sft, "cfg": cfg, "work_dir": work_dir})
     games = list_games(g.split, limit=g.num_games, offset=g.game_offset)
     with start_run("grpo", parent_run_id, tags={"parent_model_run_id": sft["run_id"]}) as run:
-        mlflow.log_params({**{f"grpo.{k}": v for k, v in dataclasses.asdict(g).items()},
-                           "cost": json.dumps(dataclasses.asdict(cfg.cost))})
-        spec = {"model_path": sft["final_path"], "games": games, "output_dir": str(out),
-                "experience_path": str(out / "experience.db"), "grpo": dataclasses.asdict(g),
-                "cost": dataclasses.asdict(cfg.cost)}
+        mlflow.log_params(
+            {
+                **{f"grpo.{k}": v for k, v in dataclasses.asdict(g).items()},
+                "cost": json.dumps(dataclasses.asdict(cfg.cost)),
+            }
+        )
+        spec = {
+            "model_path": sft["final_path"],
+            "games": games,
+            "output_dir": str(out),
+            "experience_path": str(out / "experience.db"),
+            "grpo": dataclasses.asdict(g),
+            "traces": dataclasses.asdict(cfg.traces),
+            "cost": dataclasses.asdict(cfg.cost),
+        }
         out.mkdir(parents=True, exist_ok=True)
         if not (out / "experience.db").exists() and Path(traces["experience_path"]).exists():
             from evoharness.harness import ExperienceStore
@@ -93,6 +144,8 @@ def grpo_task(cfg: PipelineConfig, sft: dict, traces: dict, work_dir: str, paren
         mlflow.log_figure(annealing_figure(history), "annealing.png")
         result["run_id"] = run.info.run_id
         result["experience_path"] = str(out / "experience.db")
-    get_run_logger().info(f"grpo: {result['global_step']} steps; meta-actions/episode "
-                          f"{result['first']['meta_actions']:.2f} -> {result['last']['meta_actions']:.2f}")
+    get_run_logger().info(
+        f"grpo: {result['global_step']} steps; meta-actions/episode "
+        f"{result['first']['meta_actions']:.2f} -> {result['last']['meta_actions']:.2f}"
+    )
     return result

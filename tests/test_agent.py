@@ -154,5 +154,12 @@ def test_transcript_table_command(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "game crash  won=False" in out and "commit" in out and "ok: g active" in out
     assert "error: env.step('look') failed" in out
-    with pytest.raises(IndexError, match="holds 1 episodes"):
+    with pytest.raises(SystemExit, match="holds 1 episodes"):
         main([str(path), "--episode", "3"])
+
+
+def test_unknown_tool_is_an_error_result_not_an_action():
+    script = [Decision("search", {"q": "x"})]
+    res = run_episode(Crashing(), Scripted(script), Workspace(ExperienceStore()), CostConfig(), max_env_steps=1)
+    assert res.malformed == 1 and res.transcript[0]["result"].startswith("error: unknown tool 'search'")
+    assert "engine died" in res.error  # the next turn acted, and the crashing environment ended the episode

@@ -79,7 +79,9 @@ def test_read_episodes_at_two_dvc_revisions(git_repo, tiny_logs):
     git(git_repo, "commit", "-qm", "data v1")
     rev1 = git(git_repo, "rev-parse", "HEAD")
     shard = git_repo / "data" / "logs" / "shard-00000.jsonl"
-    shard.write_text("\n".join(shard.read_text().splitlines()[: -3]) + "\n")  # drop the last episode's tail
+    lines = shard.read_text().splitlines()
+    last = json.loads(lines[-1])["episode_id"]
+    shard.write_text("".join(x + "\n" for x in lines if json.loads(x)["episode_id"] != last))  # v2: one fewer
     md5_v2 = dvc_add(git_repo)
     git(git_repo, "add", "-A")
     git(git_repo, "commit", "-qm", "data v2")
@@ -87,9 +89,7 @@ def test_read_episodes_at_two_dvc_revisions(git_repo, tiny_logs):
     eps1, m1 = read_episodes(git_repo, rev1)
     eps2, m2 = read_episodes(git_repo, "HEAD")
     assert (m1, m2) == (md5_v1, md5_v2) == (dvc_md5(git_repo, rev1), dvc_md5(git_repo))
-    steps1 = sum(len(e.records) for e in eps1)
-    steps2 = sum(len(e.records) for e in eps2)
-    assert steps1 - steps2 == 3
+    assert len(eps1) == 3 and len(eps2) == 2 and last not in {e.episode_id for e in eps2}
 
 
 def test_killed_collection_resumes_without_duplicates_or_losses(tmp_path, tiny_games, tiny_logs):
@@ -140,3 +140,24 @@ def test_quarantine_keeps_good_episodes_and_accounts_for_every_bad_line(tiny_log
     # every line is accounted for: kept in an episode, or quarantined with its reason
     assert sum(len(e.records) for e in episodes) + len(quarantine) == len(lines)
     assert sum("is incomplete" in q["error"] for q in quarantine) == n_first - 1
+
+
+def test_truncated_and_inconsistent_episodes_are_rejected(tiny_logs):
+    out, _ = tiny_logs
+    lines = (out / "logs" / "shard-00000.jsonl").read_text().splitlines()
+    first = json.loads(lines[0])["episode_id"]
+    n_first = sum(json.loads(x)["episode_id"] == first for x in lines)
+    truncated = lines[: n_first - 1] + lines[n_first:]  # the first episode lost its last (done) record
+    with pytest.raises(RawLogError, match=rf"shard.jsonl:{n_first - 1}: episode .* without done"):
+        parse_lines(truncated, "shard.jsonl")
+    quarantine = []
+    kept = parse_lines(truncated, "shard.jsonl", quarantine)
+    assert first not in {e.episode_id for e in kept} and len(quarantine) == n_first - 1
+    moved = json.loads(lines[1])
+    moved["game"] = "train/other/trial/game.tw-pddl"
+    with pytest.raises(RawLogError, match="shard.jsonl:2: field 'game' is 'train/other"):
+        parse_lines([lines[0], json.dumps(moved)], "shard.jsonl")
+    start = json.loads(lines[0])
+    start["action"] = "look"
+    with pytest.raises(RawLogError, match="'look' at step 0"):
+        parse_lines([json.dumps(start)], "shard.jsonl")

@@ -112,3 +112,26 @@ def test_two_concurrent_writer_processes_lose_no_lesson(tmp_path):
     lessons = ExperienceStore(path).all()
     assert len(lessons) == 201
     assert [x["count"] for x in lessons if x["text"] == "a shared lesson"] == [200]
+
+
+def test_profiles_resolve_and_bad_ones_name_the_problem(tmp_path):
+    import pytest
+
+    from evoharness.config import load_profile
+
+    cfg = load_profile("default", {"evaluate": {"limit": 3}})
+    assert cfg.evaluate.limit == 3 and cfg.sft.num_processes == 2 and cfg.collect.num_games == 60
+    assert load_profile("tiny").grpo.num_generations == 2
+    with pytest.raises(FileNotFoundError, match="available: .*default"):
+        load_profile("nope")
+    cases = {"evaluate:\n": None, "collect: 5\n": "section 'collect' must be a mapping",
+             "evaluate:\n  limit: twelve\n": "evaluate.limit is 'twelve' \\(str\\); expected int",
+             "sft:\n  epochs: 3\n": "unknown fields \\['epochs'\\]", "grpo:\n  temperature: 0\n": "temperature is 0"}
+    for text, error in cases.items():
+        path = tmp_path / "p.yaml"
+        path.write_text(text)
+        if error is None:
+            assert load_profile(str(path), {"evaluate": {"limit": 1}}).evaluate.limit == 1
+        else:
+            with pytest.raises(ValueError, match=error):
+                load_profile(str(path))

@@ -138,6 +138,10 @@ def test_fresh_clone_regenerates_the_committed_version(git_repo, tiny_games):
     with pytest.raises(DataVersionMismatch, match=f"data.dvc names md5 {first['md5']}"):
         ensure_data(git_repo, dataclasses.replace(TINY_COLLECT, seed=7), tiny_games)
     assert (git_repo / "data.dvc").read_text() == before
+    assert not (git_repo / "data").exists() and list(git_repo.glob("data.mismatch-*/logs/shard-00000.jsonl"))
+    with pytest.raises(DataVersionMismatch):  # a retry regenerates and fails again: no silent new version
+        ensure_data(git_repo, dataclasses.replace(TINY_COLLECT, seed=7), tiny_games)
+    assert (git_repo / "data.dvc").read_text() == before
 
 
 def run_lineage(repo, uri):
@@ -232,3 +236,16 @@ def test_deployment_on_a_real_prefect_server_and_worker(first_run, pipeline_repo
     assert stop.returncode == 0
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+
+
+def test_edited_logs_are_not_silently_a_new_version(git_repo, tiny_games):
+    first = ensure_data(git_repo, TINY_COLLECT, tiny_games)
+    git(git_repo, "add", "-A")
+    git(git_repo, "commit", "-qm", "data")
+    before = (git_repo / "data.dvc").read_text()
+    shard = git_repo / "data" / "logs" / "shard-00000.jsonl"
+    shard.write_text(shard.read_text() + "\n")
+    for _ in range(2):  # a retry must fail the same way, not accept the edit
+        with pytest.raises(DataVersionMismatch, match=f"not the version data.dvc names \\({first['md5']}\\)"):
+            ensure_data(git_repo, TINY_COLLECT, tiny_games)
+    assert (git_repo / "data.dvc").read_text() == before
