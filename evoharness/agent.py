@@ -76,6 +76,7 @@ class EpisodeResult:
     error: str | None = None
     workspace_tokens: list[int] = field(default_factory=list)
     transcript: list[dict] = field(default_factory=list)
+    cost_by_type: dict[str, float] = field(default_factory=dict)
 
 
 class ExpertPolicy:
@@ -201,4 +202,5 @@ def _result(env, ws, cost_cfg, won, env_steps, malformed, remapped, error, ws_to
         game=getattr(env, "game", ""), task_type=getattr(env, "task_type", ""), won=won, env_steps=env_steps,
         meta_actions=dict(ws.usage.calls), generated_tokens=ws.usage.generated_tokens, cost=cost,
         reward=float(won) - cost, malformed=malformed, remapped=remapped, invalid_meta=ws.usage.invalid_calls,
-        error=error, workspace_tokens=ws_tokens, transcript=transcript)
+        error=error, workspace_tokens=ws_tokens, transcript=transcript,
+        cost_by_type=ws.usage.cost_by_type(cost_cfg))

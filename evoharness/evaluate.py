@@ -75,6 +75,8 @@ def summarize(results, split: str, games_total: int) -> dict:
         "meta_actions_by_task_type": {t: {m: sum(x.get(m, 0) for x in v) / len(v) for m in META_ACTIONS}
                                       for t, v in sorted(meta_by_type.items())},
         "generated_tokens_per_episode": sum(r.generated_tokens for r in results) / n,
+        "cost_per_episode": sum(r.cost for r in results) / n,
+        "cost_per_episode_by_type": {m: sum(r.cost_by_type.get(m, 0.0) for r in results) / n for m in META_ACTIONS},
         "malformed_per_episode": sum(r.malformed for r in results) / n,
         "remapped_per_episode": sum(r.remapped for r in results) / n,
         "mean_reward": sum(r.reward for r in results) / n,

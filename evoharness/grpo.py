@@ -42,6 +42,7 @@ def episode_metrics(results) -> dict:
     }
     for m in META_ACTIONS:
         out[f"meta_actions_{m}"] = sum(r.meta_actions.get(m, 0) for r in results) / n
+        out[f"cost_{m}"] = sum(r.cost_by_type.get(m, 0.0) for r in results) / n
     return out
 
 

@@ -136,15 +136,23 @@ class EpisodeUsage:
     """Per-episode harness accounting: executed calls by type, their tokens, the policy's generated tokens."""
 
     calls: dict[str, int] = field(default_factory=lambda: {m: 0 for m in META_ACTIONS})
-    call_tokens: int = 0
+    call_tokens_by_type: dict[str, int] = field(default_factory=lambda: {m: 0 for m in META_ACTIONS})
     generated_tokens: int = 0
     invalid_calls: int = 0
+
+    @property
+    def call_tokens(self) -> int:
+        return sum(self.call_tokens_by_type.values())
+
+    def cost_by_type(self, cfg: CostConfig) -> dict[str, float]:
+        """Per meta-action type: per_call[type] * calls[type] + per_call_token * tokens of those calls and results."""
+        return {m: cfg.per_call.get(m, 0.0) * self.calls[m] + cfg.per_call_token * self.call_tokens_by_type[m]
+                for m in META_ACTIONS}
 
     def cost(self, cfg: CostConfig) -> float:
         """cost = sum_type per_call[type] * calls[type] + per_call_token * call_tokens
         + per_generated_token * generated_tokens (reward units)."""
-        return (sum(cfg.per_call.get(m, 0.0) * n for m, n in self.calls.items())
-                + cfg.per_call_token * self.call_tokens + cfg.per_generated_token * self.generated_tokens)
+        return sum(self.cost_by_type(cfg).values()) + cfg.per_generated_token * self.generated_tokens
 
 
 class Workspace:
@@ -198,7 +206,7 @@ class Workspace:
             msg = exc.args[0] if exc.args else str(exc)
             return f"error: {name}: {msg}", False
         self.usage.calls[name] += 1
-        self.usage.call_tokens += len(tokens(json.dumps(args))) + len(tokens(result))
+        self.usage.call_tokens_by_type[name] += len(tokens(json.dumps(args))) + len(tokens(result))
         return result, True
 
     def _track(self, args: dict, step: int) -> str:
