@@ -62,8 +62,9 @@ def test_reward_is_won_minus_logged_cost_for_scripted_episode():
     expected = 0.1 + 0.2 + 0.3 + 0.001 * ws.usage.call_tokens + 0.002 * res.generated_tokens
     assert res.cost == pytest.approx(expected)
     tok = ws.usage.call_tokens_by_type
-    assert res.cost_by_type == pytest.approx({"track": 0.1 + 0.001 * tok["track"], "commit": 0.2 + 0.001 * tok["commit"],
-                                              "recall": 0.3 + 0.001 * tok["recall"], "note": 0.0})
+    assert res.cost_by_type == pytest.approx({
+        "track": 0.1 + 0.001 * tok["track"], "commit": 0.2 + 0.001 * tok["commit"],
+        "recall": 0.3 + 0.001 * tok["recall"], "note": 0.0})
     assert res.reward == pytest.approx(1.0 - expected)
     assert res.transcript[4]["generated"] == "lok" and res.transcript[4]["command"] == "look"
 
