@@ -57,7 +57,9 @@ data:
 	  test -f "$$archive" || { echo "ALFWorld archive not found at $$archive: set SHARED=<folder holding alfworld/> or ALFWORLD_DATA=<folder holding json_2.1.1/>" >&2; exit 1; }; \
 	  echo "1a08af886ef7144daae04ee35fa20221be7a77c3f2bbfeb4a099d276ef3d748f  $$archive" | sha256sum -c --quiet - || { echo "$$archive: sha256 mismatch" >&2; exit 1; }; \
 	  mkdir -p "$(ALFWORLD_DATA)"; echo "unpacking ALFWorld games into $(ALFWORLD_DATA)"; \
-	  xz -dc "$$archive" | tar -x -C "$(ALFWORLD_DATA)"; \
+	  tmp=$$(mktemp -d "$(ALFWORLD_DATA)/.unpack.XXXXXX"); \
+	  xz -dc "$$archive" | tar -x -C "$$tmp" && rm -rf "$(ALFWORLD_DATA)/json_2.1.1" \
+	    && mv "$$tmp/json_2.1.1" "$(ALFWORLD_DATA)/" && rmdir "$$tmp" || { rm -rf "$$tmp"; exit 1; }; \
 	fi
 
 # A local Prefect server + process worker on 127.0.0.1 serving the deployments of prefect.yaml.
