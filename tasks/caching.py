@@ -67,3 +67,7 @@ def transient_only(_task, _task_run, state) -> bool:
     except Exception:
         return True
     return True
+
+
+# The retry policy of every flaky stage: two retries with backoff, transient failures only.
+RETRY = {"retries": 2, "retry_delay_seconds": [10, 60], "retry_condition_fn": transient_only}

@@ -58,7 +58,7 @@ def collect_task(cfg: PipelineConfig, repo: str, parent_run_id: str) -> dict:
     return {"status": out["status"], "md5": out["md5"]}
 
 
-@task(name="ingest", retries=0, retry_condition_fn=transient_only, timeout_seconds=3600, cache_policy=NO_CACHE)
+@task(name="ingest", timeout_seconds=3600, cache_policy=NO_CACHE)
 def ingest_task(repo: str, data_rev: str | None, parent_run_id: str, on_error: str = "stop") -> tuple[list, str]:
     """Read and validate the raw logs at ``data_rev`` through ``dvc.api``; return (episodes, DVC md5).
 

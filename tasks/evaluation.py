@@ -13,14 +13,12 @@ from evoharness.config import CostConfig, EvalConfig, TraceConfig
 from evoharness.evaluate import evaluate, spread
 from evoharness.registry import link_evaluation, link_parent_evaluation, promote
 from evoharness.tracking import flat, log_and_register, log_trace_dataset, start_run
-from tasks.caching import transient_only
+from tasks.caching import RETRY, transient_only
 
 
 @task(
     name="evaluate",
-    retries=2,
-    retry_condition_fn=transient_only,
-    retry_delay_seconds=[10, 60],
+    **RETRY,
     timeout_seconds=6 * 3600,
     cache_policy=NO_CACHE,
 )
@@ -73,9 +71,7 @@ def evaluate_task(
 
 @task(
     name="register",
-    retries=2,
-    retry_condition_fn=transient_only,
-    retry_delay_seconds=[10, 60],
+    **RETRY,
     timeout_seconds=1800,
     cache_policy=NO_CACHE,
 )

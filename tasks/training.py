@@ -19,7 +19,7 @@ from evoharness.launch import accelerate_launch
 from evoharness.model import build_default_model, load_policy, num_parameters
 from evoharness.plots import annealing_figure
 from evoharness.tracking import start_run
-from tasks.caching import content_key, stage_policy, transient_only
+from tasks.caching import RETRY, content_key, stage_policy
 
 
 def _child_env(run_id: str) -> dict:
@@ -53,9 +53,7 @@ def grpo_dir(p: dict) -> Path:
 
 @task(
     name="sft",
-    retries=2,
-    retry_condition_fn=transient_only,
-    retry_delay_seconds=[10, 60],
+    **RETRY,
     timeout_seconds=4 * 3600,
     cache_policy=stage_policy(sft_dir),
     persist_result=True,
@@ -104,9 +102,7 @@ def sft_task(cfg: PipelineConfig, traces: dict, work_dir: str, parent_run_id: st
 
 @task(
     name="grpo",
-    retries=2,
-    retry_condition_fn=transient_only,
-    retry_delay_seconds=[10, 60],
+    **RETRY,
     timeout_seconds=6 * 3600,
     cache_policy=stage_policy(grpo_dir),
     persist_result=True,
