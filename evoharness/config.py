@@ -144,7 +144,9 @@ class GRPOStageConfig:
         num_generations: episodes per game per step (the GRPO group).
         max_steps: optimizer steps.
         max_env_steps / max_meta_actions: per-episode budgets during rollouts.
-        temperature: sampling temperature of rollouts.
+        temperature: sampling temperature of rollouts (TRL scales the training logits by the same value). 0.7, not
+            1.0: the default SFT model's first turns were malformed tool calls in 13 of 16 samples at 1.0, 6 of 16
+            at 0.7, 0 of 4 greedy (4 train games).
         beta: KL coefficient to the reference (SFT) policy; 0 disables the reference model.
     """
 
@@ -157,7 +159,7 @@ class GRPOStageConfig:
     max_env_steps: int = 20
     max_meta_actions: int = 12
     max_new_tokens: int = 48
-    temperature: float = 1.0
+    temperature: float = 0.7
     learning_rate: float = 1e-4
     beta: float = 0.0
     save_steps: int = 50
