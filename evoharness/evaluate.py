@@ -96,9 +96,9 @@ def evaluate(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig, o
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    store = ExperienceStore(out / "experience.db")
     if experience_path and Path(experience_path).exists():
-        ExperienceStore(experience_path).copy_to(out / "experience.db")
+        store = ExperienceStore(experience_path).copy_to(out / "experience.db")
+    else:
         store = ExperienceStore(out / "experience.db")
     pol = make_policy(policy, cfg, out / "model_cache")
     results, t0 = [], time.time()

@@ -15,6 +15,7 @@ from prefect import get_run_logger, task
 
 from evoharness.alfworld_env import list_games
 from evoharness.config import PipelineConfig
+from evoharness.harness import ExperienceStore
 from evoharness.launch import accelerate_launch
 from evoharness.model import build_default_model, load_policy, num_parameters
 from evoharness.plots import annealing_figure
@@ -132,8 +133,6 @@ def grpo_task(cfg: PipelineConfig, sft: dict, traces: dict, work_dir: str, paren
         }
         out.mkdir(parents=True, exist_ok=True)
         if not (out / "experience.db").exists() and Path(traces["experience_path"]).exists():
-            from evoharness.harness import ExperienceStore
-
             ExperienceStore(traces["experience_path"]).copy_to(out / "experience.db")
         result = accelerate_launch("evoharness.grpo", spec, out, 1, _child_env(run.info.run_id))
         history = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
