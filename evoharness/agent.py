@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 
 from evoharness.config import CostConfig
+from evoharness.context import TurnView
 from evoharness.harness import META_ACTIONS, SYSTEM_PROMPT, TOOLS, Workspace, final_observation, tokens
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
@@ -109,7 +110,8 @@ class RandomPolicy:
 
 
 def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env_steps: int = 40,
-                max_meta_actions: int = 20, seed: int = 0, env_timeout_s: float = 60.0) -> EpisodeResult:
+                max_meta_actions: int = 20, seed: int = 0, env_timeout_s: float = 60.0,
+                view: TurnView | None = None) -> EpisodeResult:
     """Play one episode of ``env`` (an adapter with ``reset``/``step``) with ``policy`` and ``workspace``.
 
     Budgets: ``max_env_steps`` environment steps; ``max_meta_actions`` executed meta-actions (later ones are refused
@@ -122,6 +124,9 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
 
     The transcript holds one entry per turn: the tool and arguments, the result, the turn's cost in reward units,
     and the rendered workspace after it.
+
+    ``view``: the ``turn`` context (``evoharness.context.TurnView``); each turn's prompt is then passed to the policy
+    as ``state["turn_messages"]``.
     """
     from evoharness.timeouts import call_with_timeout
 
@@ -135,10 +140,13 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
         return _result(env, workspace, cost_cfg, False, 0, 0, 0, f"reset failed: {exc!r}", [], [])
     messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": res.observation}]
     workspace.observe(0, res.observation)
+    if view is not None:
+        view.start(res.observation)
     policy.start(messages, TOOLS)
     finished = False
     for _turn in range(max_env_steps + max_meta_actions + 2):
-        state = {"admissible_commands": res.admissible_commands, "expert_action": res.expert_action}
+        state = {"admissible_commands": res.admissible_commands, "expert_action": res.expert_action,
+                 "turn_messages": view.prompt(workspace.render()) if view is not None else None}
         cost_before = workspace.usage.cost(cost_cfg)
         tokens_before = getattr(policy, "generated_tokens", 0)
         dec = policy.decide(state)
@@ -162,6 +170,8 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
             else:
                 text, ok = f"error: meta-action budget of {max_meta_actions} spent; act instead", False
             entry.update(result=text, ok=ok)
+            if view is not None:
+                view.record_meta(dec.name, text, ok)
         elif dec.name not in (None, "act"):
             malformed += 1
             text = f"error: unknown tool {dec.name!r}; call act or one of {list(META_ACTIONS)}"
@@ -180,6 +190,8 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
             workspace.observe(env_steps, text)
             entry.update(turn="act", command=chosen, generated=command, result=text, won=won)
             finished = res.done or env_steps >= max_env_steps
+            if view is not None:
+                view.record_act(chosen, final_observation(text, won) if finished else text)
         transcript.append(_close(entry, workspace, cost_cfg, cost_before))
         ws_tokens.append(len(tokens(entry["workspace"])))
         policy.observe(final_observation(text, won) if finished else text)

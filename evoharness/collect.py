@@ -17,8 +17,10 @@ import dataclasses
 import hashlib
 import json
 import multiprocessing as mp
+import os
 import random
 import re
+import resource
 import shutil
 import signal
 import sys
@@ -112,15 +114,33 @@ def _mark_failed(records: list[dict], base: dict, reason: str) -> None:
     records[-1]["done"], records[-1]["won"], records[-1]["error"] = True, False, reason
 
 
+_EPISODES_IN_WORKER = 0
+
+
+def rss_mb() -> float:
+    """This process's resident memory now, in MiB (``/proc/self/statm``; peak RSS from ``getrusage`` elsewhere)."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def _worker(args):
+    global _EPISODES_IN_WORKER
     game, cfg_dict, data_dir = args
-    return game, play_expert_episode(game, CollectConfig(**cfg_dict), data_dir)
+    t0 = time.time()
+    records = play_expert_episode(game, CollectConfig(**cfg_dict), data_dir)
+    _EPISODES_IN_WORKER += 1
+    stats = {"pid": os.getpid(), "episode_in_worker": _EPISODES_IN_WORKER, "wall_s": round(time.time() - t0, 3),
+             "rss_mb": round(rss_mb(), 1),
+             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    return game, records, stats
 
 
 def partial_dir(out_dir: str | Path, cfg: CollectConfig) -> Path:
     """Where finished episodes wait until the shards are written: ``<out_dir>.partial-<settings hash>/``, beside
     (not inside) ``out_dir``, keyed on the settings so a rerun with other settings never mixes them in."""
-    settings = json.dumps(dataclasses.asdict(cfg) | {"workers": None}, sort_keys=True)
+    settings = json.dumps(cfg.content_settings(), sort_keys=True)
     out = Path(out_dir)
     return out.parent / f"{out.name}.partial-{hashlib.sha256(settings.encode()).hexdigest()[:12]}"
 
@@ -149,21 +169,24 @@ def collect(games: list[str], out_dir: str | Path, cfg: CollectConfig, data_dir:
     finished = 0
     if jobs:
         with ctx.Pool(min(workers, len(jobs)), maxtasksperchild=cfg.games_per_worker) as pool:
-            for game, records in pool.imap_unordered(_worker, jobs):
+            for game, records, stats in pool.imap_unordered(_worker, jobs):
                 tmp = partial / (name[game] + ".tmp")
-                tmp.write_text(json.dumps(records, sort_keys=True))
+                tmp.write_text(json.dumps({"records": records, "worker": stats | {"order": len(done) + finished}},
+                                          sort_keys=True))
                 tmp.rename(partial / name[game])
                 finished += 1
                 if progress:
                     rate = finished / max(time.time() - t0, 1e-9) * 60
                     progress(len(done) + finished, len(games), rate, (len(todo) - finished) / max(rate / 60, 1e-9))
-    ordered = [json.loads((partial / name[g]).read_text()) for g in games]
+    saved = [json.loads((partial / name[g]).read_text()) for g in games]
+    ordered = [s["records"] for s in saved]
+    workers_stats = sorted((s["worker"] for s in saved), key=lambda w: w["order"])
     (out / "logs").mkdir(parents=True, exist_ok=True)
     for shard, start in enumerate(range(0, len(ordered), cfg.shard_size)):
         lines = [json.dumps(r, sort_keys=True) for ep in ordered[start:start + cfg.shard_size] for r in ep]
         (out / "logs" / f"shard-{shard:05d}.jsonl").write_text("\n".join(lines) + "\n")
     manifest = {
-        "settings": dataclasses.asdict(cfg) | {"workers": None},
+        "settings": cfg.content_settings(),
         "episodes": len(ordered),
         "steps": sum(len(ep) - 1 for ep in ordered),
         "won": sum(ep[-1]["won"] for ep in ordered),
@@ -173,4 +196,4 @@ def collect(games: list[str], out_dir: str | Path, cfg: CollectConfig, data_dir:
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     shutil.rmtree(partial)
-    return manifest | {"wall_s": time.time() - t0, "resumed": len(done)}
+    return manifest | {"wall_s": time.time() - t0, "resumed": len(done), "worker_stats": workers_stats}

@@ -37,7 +37,11 @@ class CollectConfig:
         games_per_worker: games a worker plays before it is replaced.
         episode_timeout_s: wall seconds per episode before it is recorded as failed (expert stall).
         shard_size: episodes per JSONL shard.
+        path: the DVC-tracked folder the logs go to, relative to the repo (its ``.dvc`` file is ``<path>.dvc``).
+            ``workers`` and ``path`` do not change the logs' bytes, so they are left out of the manifest.
     """
+
+    NON_CONTENT = ("workers", "path")
 
     split: str = "train"
     num_games: int = 24
@@ -51,6 +55,11 @@ class CollectConfig:
     games_per_worker: int = 25
     episode_timeout_s: float = 120.0
     shard_size: int = 500
+    path: str = "data"
+
+    def content_settings(self) -> dict:
+        """The settings that decide the logs' bytes (recorded in the manifest; key of the resume folder)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in self.NON_CONTENT} | {"workers": None}
 
 
 @dataclass
@@ -92,6 +101,17 @@ class TraceConfig:
         max_belief_facts: Belief entries kept in the rendered workspace.
         render_budget_tokens: the rendered workspace's budget (whitespace tokens).
         valid_share: share of games held out as the trace dataset's validation split (split by game).
+        context: ``history`` (one growing conversation per episode: the layout GRPO trains on) or ``turn`` (each
+            turn a fresh compact prompt built by ``evoharness.context.TurnView``; one SFT example per turn).
+        harness: with False the traces hold no meta-action and the prompt no workspace: the plain
+            observation/action baseline (``turn`` context only).
+        recent_actions: ``turn`` context: how many of the last commands the prompt lists.
+        system_prompt: ``turn`` context: start each prompt with a short system message.
+        tools_in_prompt: ``turn`` context: render the tool schemas into the prompt (the chat template's tools
+            block, several hundred tokens per example); off for the embedded model, on for pretrained ones.
+        drop_labels: ``turn`` context: commands that are never SFT targets (still shown as history): non-expert
+            (random, invalid) commands of perturbed episodes always; and these expert commands: ALFWorld's expert
+            wrapper answers ``look`` whenever its own next command is not admissible (field notes: ~11 % of labels).
     """
 
     won_only: bool = True
@@ -99,6 +119,18 @@ class TraceConfig:
     max_belief_facts: int = 12
     render_budget_tokens: int = 160
     valid_share: float = 0.1
+    context: str = "history"
+    harness: bool = True
+    recent_actions: int = 8
+    system_prompt: bool = False
+    tools_in_prompt: bool = False
+    drop_labels: list[str] = field(default_factory=lambda: ["look"])
+
+    def __post_init__(self):
+        if self.context not in ("history", "turn"):
+            raise ValueError(f"traces.context is {self.context!r}; use 'history' or 'turn'")
+        if not self.harness and self.context != "turn":
+            raise ValueError("traces.harness: false (the plain baseline) needs traces.context: turn")
 
 
 @dataclass
@@ -120,7 +152,11 @@ class ModelConfig:
 
 @dataclass
 class SFTStageConfig:
-    """Supervised harness fine-tuning with TRL's ``SFTTrainer`` (assistant-only loss)."""
+    """Supervised harness fine-tuning with TRL's ``SFTTrainer`` (loss on assistant turns / completions only).
+
+    ``sampling`` is transformers' ``train_sampling_strategy``: ``random``, or ``group_by_length`` (batches of
+    similar length: less padding, which matters on CPU with many short per-turn examples).
+    """
 
     num_train_epochs: float = 3.0
     max_steps: int = -1
@@ -132,6 +168,8 @@ class SFTStageConfig:
     save_steps: int = 200
     logging_steps: int = 5
     num_processes: int = 1
+    sampling: str = "random"
+    bf16: bool = False
     seed: int = 0
 
 
@@ -172,7 +210,12 @@ class GRPOStageConfig:
 
 @dataclass
 class EvalConfig:
-    """Evaluation of a policy on a split. ``limit`` 0 means every game of the split."""
+    """Evaluation of a policy on a split. ``limit`` 0 means every game of the split.
+
+    ``decoding`` (language-model policies): how an ``act`` call becomes an admissible command. ``remap``: the
+    generated command, or the admissible one closest to it (difflib); ``score``: the admissible command the model
+    gives the highest log-likelihood as the call's argument (one batched forward pass over the candidates).
+    """
 
     split: str = "valid_seen"
     limit: int = 12
@@ -180,7 +223,12 @@ class EvalConfig:
     max_meta_actions: int = 20
     max_new_tokens: int = 48
     episode_timeout_s: float = 300.0
+    decoding: str = "remap"
     seed: int = 0
+
+    def __post_init__(self):
+        if self.decoding not in ("remap", "score"):
+            raise ValueError(f"evaluate.decoding is {self.decoding!r}; use 'remap' or 'score'")
 
 
 @dataclass
@@ -220,11 +268,28 @@ _SECTIONS = {
 }
 
 
+def _read_profile(path: Path, seen: tuple = ()) -> dict:
+    raw = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: a profile is a mapping of sections, not {type(raw).__name__}")
+    parent = raw.pop("extends", None)
+    if parent is None:
+        return raw
+    parent_path = PROFILES_DIR / f"{parent}.yaml"
+    if not parent_path.exists() or parent in seen:
+        raise ValueError(f"{path}: extends {parent!r}, which is missing or a cycle ({parent_path})")
+    merged = _read_profile(parent_path, seen + (path.stem,))
+    for key, values in raw.items():
+        merged[key] = {**(merged.get(key) or {}), **values} if isinstance(values, dict) else values
+    return merged
+
+
 def load_profile(name_or_path: str = "default", overrides: dict | None = None) -> PipelineConfig:
     """Resolve a profile into a ``PipelineConfig``.
 
     Args:
-        name_or_path: a profile name (``profiles/<name>.yaml``) or a path to a YAML file.
+        name_or_path: a profile name (``profiles/<name>.yaml``) or a path to a YAML file. A profile may start
+            from another with ``extends: <name>``; its sections' fields override the parent's field by field.
         overrides: ``{"section": {"field": value}}`` applied after the profile.
 
     Raises:
@@ -237,9 +302,7 @@ def load_profile(name_or_path: str = "default", overrides: dict | None = None) -
     if not path.exists():
         known = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
         raise FileNotFoundError(f"profile {name_or_path!r} not found ({path}); available: {known}")
-    raw = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: a profile is a mapping of sections, not {type(raw).__name__}")
+    raw = _read_profile(path)
     for section, values in (overrides or {}).items():
         raw[section] = {**(raw.get(section) or {}), **values}
     cfg = PipelineConfig(profile=path.stem)

@@ -1,12 +1,16 @@
-"""The DVC-versioned raw logs: make sure ``data/`` holds the version ``data.dvc`` names, or create it.
+"""The DVC-versioned raw logs: make sure the tracked folder holds the version its ``.dvc`` file names, or create it.
 
-``ensure_data`` is the collect stage's logic:
-- ``data/logs`` already holds shards: use them if their md5 is the one ``data.dvc`` names, else raise (a hand
+The folder is ``CollectConfig.path`` (``data`` with ``data.dvc`` for the default profile, ``data-full`` with
+``data-full.dvc`` for ``full``). ``ensure_data`` is the collect stage's logic:
+- ``<path>/logs`` already holds shards: use them if their md5 is the one ``<path>.dvc`` names, else raise (a hand
   edit is never recorded as a new version behind the user's back);
-- ``data.dvc`` exists: check the data out of the DVC cache; when no cache or remote holds it (a fresh clone),
-  regenerate it with the profile's collection settings (collection is deterministic) and require the md5 to match
-  ``data.dvc``; a mismatch restores ``data.dvc`` and raises, never a silent new version;
-- neither: collect, then ``dvc add data``.
+- ``<path>.dvc`` exists: check the data out of the DVC cache, else pull it from the default DVC remote; when
+  neither holds it (a fresh clone on a fresh machine), regenerate it with the profile's collection settings
+  (collection is deterministic) and require the md5 to match; a mismatch restores the ``.dvc`` file and raises,
+  never a silent new version;
+- neither: collect, then ``dvc add <path>``.
+Whenever a default remote is configured (``.dvc/config``: ``remote = local``, a directory outside the repo), the
+version is then pushed there (``dvc push``), so another clone on this machine pulls it instead of regenerating.
 """
 
 from __future__ import annotations
@@ -55,7 +59,47 @@ def dvc_add(repo: str | Path, target: str = "data") -> str:
 
     with Repo(str(repo)) as r:
         r.add(str(Path(repo).resolve() / target))
-    return dvc_md5(repo)
+    return dvc_md5(repo, dvc_file=f"{target}.dvc")
+
+
+def default_remote(repo: str | Path) -> str | None:
+    """The URL of the repo's default DVC remote (``core.remote``), or None when none is configured."""
+    from dvc.repo import Repo
+
+    with Repo(str(repo)) as r:
+        name = r.config["core"].get("remote")
+        return r.config["remote"][name]["url"] if name else None
+
+
+def dvc_push(repo: str | Path, target: str = "data") -> int:
+    """``dvc push <target>.dvc`` to the default remote; returns the number of files transferred (0: already there).
+
+    Raises RuntimeError naming the remote and what to do when the push fails."""
+    _quiet_env()
+    from dvc.repo import Repo
+
+    url = default_remote(repo)
+    try:
+        with Repo(str(repo)) as r:
+            return r.push(targets=[str(Path(repo).resolve() / f"{target}.dvc")])
+    except Exception as exc:
+        raise RuntimeError(f"dvc push of {target} to the default remote {url!r} failed ({type(exc).__name__}: "
+                           f"{exc}). Check that the directory exists and is writable, or point the remote "
+                           f"elsewhere: `dvc remote modify --local local url /path/outside/repo`.") from exc
+
+
+def _pull(repo: Path, target: str) -> bool:
+    """Fetch ``target`` from the default remote into the cache and check it out; False when the remote lacks it."""
+    if not default_remote(repo):
+        return False
+    from dvc.repo import Repo
+
+    try:
+        with Repo(str(repo)) as r:
+            r.pull(targets=[str(repo.resolve() / f"{target}.dvc")])
+    except Exception:  # remote folder missing or without this version: the caller regenerates
+        return False
+    return _has_logs(repo / target)
 
 
 def _has_logs(data: Path) -> bool:
@@ -63,26 +107,36 @@ def _has_logs(data: Path) -> bool:
 
 
 def ensure_data(repo: str | Path, cfg: CollectConfig, games: list[str], data_dir: str | None = None,
-                progress=None) -> dict:
-    """Make ``repo/data`` hold the raw logs (see module docstring). Returns ``{"status", "md5", "manifest"}``.
+                progress=None, push: bool = True) -> dict:
+    """Make ``repo/<cfg.path>`` hold the raw logs (see module docstring).
 
-    Raises DataVersionMismatch when regenerated logs do not match ``data.dvc``.
+    Returns ``{"status", "md5", "manifest", "pushed"}``: status is present, added, checked_out, pulled, regenerated
+    or collected; ``pushed`` is the number of files ``dvc push`` sent (None when no default remote is configured
+    or ``push`` is false). Raises DataVersionMismatch when regenerated logs do not match the ``.dvc`` file, and
+    RuntimeError when the push fails.
     """
     repo = Path(repo)
-    data = repo / "data"
+    out = _ensure(repo, cfg, games, data_dir, progress)
+    out["pushed"] = dvc_push(repo, cfg.path) if push and default_remote(repo) else None
+    return out
+
+
+def _ensure(repo: Path, cfg: CollectConfig, games: list[str], data_dir: str | None, progress) -> dict:
+    target = cfg.path
+    data, dvc_file = repo / target, repo / f"{target}.dvc"
     ensure_dvc_repo(repo)
-    committed = dvc_md5(repo)
+    committed = dvc_md5(repo, dvc_file=dvc_file.name)
     if _has_logs(data):
         if not committed:
-            return {"status": "added", "md5": dvc_add(repo), "manifest": None}
-        dvc_text = (repo / "data.dvc").read_text()
-        md5 = dvc_add(repo)  # cheap when unchanged: DVC caches file hashes
+            return {"status": "added", "md5": dvc_add(repo, target), "manifest": None}
+        dvc_text = dvc_file.read_text()
+        md5 = dvc_add(repo, target)  # cheap when unchanged: DVC caches file hashes
         if md5 != committed:
-            (repo / "data.dvc").write_text(dvc_text)
+            dvc_file.write_text(dvc_text)
             raise DataVersionMismatch(
-                f"{data} holds logs with md5 {md5}, not the version data.dvc names ({committed}). Restore it with "
-                f"`dvc checkout data`, or make it a new version on purpose with `dvc add data` and a commit of "
-                f"data.dvc. data.dvc was left unchanged.")
+                f"{data} holds logs with md5 {md5}, not the version {dvc_file.name} names ({committed}). Restore "
+                f"it with `dvc checkout {target}`, or make it a new version on purpose with `dvc add {target}` and a "
+                f"commit of {dvc_file.name}. {dvc_file.name} was left unchanged.")
         return {"status": "present", "md5": md5, "manifest": None}
     if committed:
         from dvc.exceptions import CheckoutError
@@ -90,24 +144,26 @@ def ensure_data(repo: str | Path, cfg: CollectConfig, games: list[str], data_dir
 
         try:
             with Repo(str(repo)) as r:
-                r.checkout(targets=[str(repo.resolve() / "data.dvc")])
+                r.checkout(targets=[str(dvc_file.resolve())])
             if _has_logs(data):
                 return {"status": "checked_out", "md5": committed, "manifest": None}
         except CheckoutError:
-            pass  # no cache holds it: regenerate below
-    dvc_text = (repo / "data.dvc").read_text() if committed else None
+            pass  # no cache holds it: pull, else regenerate below
+        if _pull(repo, target):
+            return {"status": "pulled", "md5": committed, "manifest": None}
+    dvc_text = dvc_file.read_text() if committed else None
     if data.exists():
         shutil.rmtree(data)
     manifest = collect(games, data, cfg, data_dir, progress)
-    md5 = dvc_add(repo)
+    md5 = dvc_add(repo, target)
     if committed and md5 != committed:
-        (repo / "data.dvc").write_text(dvc_text)
-        aside = repo / f"data.mismatch-{md5.removesuffix('.dir')[:12]}"
+        dvc_file.write_text(dvc_text)
+        aside = repo / f"{target}.mismatch-{md5.removesuffix('.dir')[:12]}"
         shutil.rmtree(aside, ignore_errors=True)
         data.rename(aside)
         raise DataVersionMismatch(
-            f"data.dvc names md5 {committed} but the logs regenerated with profile settings {manifest['settings']} "
+            f"{dvc_file.name} names md5 {committed} but the logs regenerated with profile settings {manifest['settings']} "
             f"have md5 {md5}. The committed data version was made with other collection settings: run with the "
             f"profile that made it, restore data/ from a DVC cache or remote (dvc pull), or commit a new "
-            f"data.dvc on purpose. data.dvc was left unchanged; the regenerated logs were moved to {aside}.")
+            f"{dvc_file.name} on purpose. {dvc_file.name} was left unchanged; the regenerated logs were moved to {aside}.")
     return {"status": "regenerated" if committed else "collected", "md5": md5, "manifest": manifest}

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from evoharness.alfworld_env import TASK_TYPES, ALFWorldEnv
 from evoharness.config import CostConfig, EvalConfig, TraceConfig
+from evoharness.context import turn_view, with_layout
 from evoharness.harness import META_ACTIONS, ExperienceStore, Workspace
 
 
@@ -31,8 +32,9 @@ def resolve_model_path(policy: str, cache_dir: str | Path) -> str:
     return policy
 
 
-def make_policy(policy: str, cfg: EvalConfig, cache_dir: str | Path):
-    """Build a policy object for ``run_episode`` from its name or path (see module docstring)."""
+def make_policy(policy: str, cfg: EvalConfig, cache_dir: str | Path, workspace_cfg: TraceConfig | None = None):
+    """Build a policy object for ``run_episode`` from its name or path (see module docstring). A language model
+    reads the context layout it was trained on (``workspace_cfg.context``) and decodes with ``cfg.decoding``."""
     from evoharness.agent import ExpertPolicy, RandomPolicy
 
     if policy == "expert":
@@ -44,7 +46,14 @@ def make_policy(policy: str, cfg: EvalConfig, cache_dir: str | Path):
 
     model, tokenizer = load_policy(resolve_model_path(policy, cache_dir))
     model.eval()
-    return LMPolicy(model, tokenizer, cfg.max_new_tokens, temperature=0.0)
+    from evoharness.harness import TOOLS
+
+    wcfg = with_layout(workspace_cfg or TraceConfig(), model.config)
+    pol = LMPolicy(model, tokenizer, cfg.max_new_tokens, temperature=0.0, context=wcfg.context,
+                   decoding=cfg.decoding if wcfg.context == "turn" else "remap",
+                   tools=TOOLS if wcfg.tools_in_prompt else None)
+    pol.layout = wcfg  # the workspace and prompt layout this model reads (from its config when recorded)
+    return pol
 
 
 def spread(games: list[str], limit: int) -> list[str]:
@@ -100,7 +109,8 @@ def evaluate(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig, o
         store = ExperienceStore(experience_path).copy_to(out / "experience.db")
     else:
         store = ExperienceStore(out / "experience.db")
-    pol = make_policy(policy, cfg, out / "model_cache")
+    pol = make_policy(policy, cfg, out / "model_cache", workspace_cfg)
+    wcfg = getattr(pol, "layout", None) or workspace_cfg or TraceConfig()
     results, t0 = [], time.time()
     split = Path(games[0]).parts[0] if games else cfg.split
     with (out / "transcripts.jsonl").open("w") as fh:
@@ -114,9 +124,9 @@ def evaluate(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig, o
                 res = EpisodeResult(game, "", False, 0, {m: 0 for m in META_ACTIONS}, 0, 0.0, 0.0,
                                     error=f"could not load game: {exc!r}")
             else:
-                ws = Workspace.from_config(store, f"eval-{i}", workspace_cfg or TraceConfig())
+                ws = Workspace.from_config(store, f"eval-{i}", wcfg)
                 res = run_episode(env, pol, ws, cost, cfg.max_env_steps, cfg.max_meta_actions, seed=cfg.seed + i,
-                                  env_timeout_s=cfg.episode_timeout_s)
+                                  env_timeout_s=cfg.episode_timeout_s, view=turn_view(wcfg))
                 env.close()
             results.append(res)
             fh.write(json.dumps(res.__dict__) + "\n")
@@ -126,5 +136,7 @@ def evaluate(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig, o
                          f"{rate:.1f} episodes/min, ETA {(len(games) - i - 1) / max(rate, 1e-9):.1f} min")
     summary = summarize(results, split, games_total or len(games))
     summary["policy"] = policy
+    summary["decoding"] = cfg.decoding if hasattr(pol, "decoding") else None
+    summary["context"] = wcfg.context
     summary["wall_s"] = time.time() - t0
     return summary

@@ -252,14 +252,15 @@ class Workspace:
     def render(self) -> str:
         """The workspace as a compact text block within ``render_budget_tokens`` word tokens.
 
-        Compaction: done subgoals collapse into one count, only the newest ``max_belief_facts`` facts are kept,
+        Compaction: done subgoals collapse to their ids, only the newest ``max_belief_facts`` facts are kept,
         and lines are dropped from the end once the budget is reached.
         """
         done = [g for g in self.progress.values() if g.status == "done"]
         open_goals = [g for g in self.progress.values() if g.status != "done"]
         lines = []
         if self.progress:
-            lines.append(f"Progress: {len(done)} done" + "".join(f"; {g.id} {g.status}: {g.text}" for g in open_goals))
+            lines.append("Progress: done " + (", ".join(g.id for g in done) or "none")
+                         + "".join(f"; {g.id} {g.status}: {g.text}" for g in open_goals))
         facts = sorted(self.belief.items(), key=lambda kv: -kv[1].step)[: self.max_belief_facts]
         if facts:
             lines.append("Belief: " + "; ".join(f"{e} {a}={f.value}" for (e, a), f in facts))

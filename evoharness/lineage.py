@@ -30,7 +30,8 @@ def _run_summary(client, run_id: str) -> dict:
 
 
 def resolve_data(repo: str | Path, tags: dict) -> tuple[str, list[tuple[str, int]]]:
-    """Find the git rev whose ``data.dvc`` names the recorded md5 and read every raw-log shard at it through DVC.
+    """Find the git rev whose ``<data_path>.dvc`` (tag ``data_path``, default ``data``) names the recorded md5 and
+    read every raw-log shard at it through DVC.
 
     Returns (rev, [(shard path, bytes)]). Raises LineageError when no rev matches or a shard cannot be read.
     """
@@ -39,6 +40,8 @@ def resolve_data(repo: str | Path, tags: dict) -> tuple[str, list[tuple[str, int
     from evoharness.rawlog import dvc_md5, read_episodes
 
     want = tags.get("dvc_md5")
+    data_path = tags.get("data_path") or "data"
+    dvc_file = f"{data_path}.dvc"
     if not want:
         raise LineageError("the model version has no dvc_md5 tag: it was not registered by the pipeline")
     revs = [tags["data_rev"]] if tags.get("data_rev") not in (None, "", "workspace") else []
@@ -46,24 +49,24 @@ def resolve_data(repo: str | Path, tags: dict) -> tuple[str, list[tuple[str, int
     rev = None
     for candidate in dict.fromkeys(revs):
         try:
-            if dvc_md5(repo, candidate) == want:
+            if dvc_md5(repo, candidate, dvc_file) == want:
                 rev = candidate
                 break
         except FileNotFoundError:
             continue
     if rev is None:
-        raise LineageError(f"no git rev among {revs} of {repo} has a data.dvc naming md5 {want}; the data version was "
+        raise LineageError(f"no git rev among {revs} of {repo} has a {dvc_file} naming md5 {want}; the data version was "
                            f"never committed here (check out the repository this model was trained from)")
     try:
-        episodes, md5 = read_episodes(repo, rev)
+        episodes, md5 = read_episodes(repo, rev, f"{data_path}/logs")
     except Exception as exc:
         raise LineageError(f"raw logs md5 {want} at rev {rev} do not resolve through DVC: {exc}. Restore them with "
                            f"`dvc pull` from the remote, or re-run collection with the profile that made them") from exc
     if md5 != want:
-        raise LineageError(f"data.dvc at rev {rev} names md5 {md5}, the model records {want}")
+        raise LineageError(f"{dvc_file} at rev {rev} names md5 {md5}, the model records {want}")
     fs = DVCFileSystem(str(repo), rev=rev)
     shards = []
-    for path in sorted(fs.find("data/logs")):
+    for path in sorted(fs.find(f"{data_path}/logs")):
         with fs.open(path, "rb") as fh:
             shards.append((path, len(fh.read())))
     return rev, shards

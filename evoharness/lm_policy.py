@@ -13,6 +13,12 @@ import torch
 from evoharness.agent import Decision, parse_tool_call
 
 
+EMPTY_THINK = "<think>\n\n</think>\n\n"  # what the Qwen3 training template puts before every assistant turn
+ACT_PREFIX = '<tool_call>\n{"name": "act", "arguments": {"command": "'
+COMMAND_OPEN = '"command": "'
+COMMAND_CLOSE = '"}}'
+
+
 class LMPolicy:
     """Sampling (``temperature`` > 0) or greedy policy over a transformers causal LM.
 
@@ -21,29 +27,46 @@ class LMPolicy:
         max_new_tokens: per turn; a turn that reaches it without ``<|im_end|>`` is closed by the loop.
         temperature: 0 = greedy.
         max_context: the episode ends (as truncated) once the sequence would exceed it.
+        context: ``history`` (one growing token sequence per episode, kept for GRPO) or ``turn`` (each turn a
+            fresh prompt from ``state["turn_messages"]``, see ``evoharness.context``).
+        decoding: ``remap`` (the loop maps the generated command to the closest admissible one) or ``score``
+            (``turn`` context): generation stops once an ``act`` call opens its command string, and the command
+            is the admissible one with the highest log-likelihood, closing quote included; malformed output is
+            scored as an ``act`` call too. Every executed command is then admissible by construction.
+        tools: the tool schemas rendered into a ``turn`` prompt (None: left out, ``TraceConfig.tools_in_prompt``).
     """
 
     def __init__(self, model, tokenizer, max_new_tokens: int = 48, temperature: float = 0.0,
-                 max_context: int | None = None):
+                 max_context: int | None = None, context: str = "history", decoding: str = "remap",
+                 tools: list[dict] | None = None):
+        if decoding == "score" and context != "turn":
+            raise ValueError("decoding 'score' needs the turn context (traces.context: turn)")
         self.model, self.tok = model, tokenizer
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", 4096)
         self.end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.context, self.decoding, self.tools = context, decoding, tools
+        self.scored = 0
 
     def start(self, messages: list[dict], tools: list[dict]) -> None:
-        text = self.tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
-        self.prompt_ids: list[int] = self.tok(text, add_special_tokens=False)["input_ids"]
+        self.generated_tokens = 0
+        self.truncated = False
         self.completion_ids: list[int] = []
         self.env_mask: list[int] = []
         self.logprobs: list[float] = []
-        self.generated_tokens = 0
-        self.truncated = False
+        if self.context == "turn":
+            self.prompt_ids: list[int] = []
+            return
+        text = self.tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+        self.prompt_ids = self.tok(text, add_special_tokens=False)["input_ids"]
 
     @torch.no_grad()
     def decide(self, state: dict) -> Decision:
         """Generate one assistant turn and parse its tool call. Malformed output is returned as
         ``Decision(None, {}, malformed=True, text=...)``; the loop maps its text to an admissible command."""
+        if self.context == "turn":
+            return self._decide_turn(state)
         ids = self.prompt_ids + self.completion_ids
         if len(ids) + self.max_new_tokens > self.max_context:
             self.truncated = True
@@ -73,8 +96,69 @@ class LMPolicy:
             return Decision(None, {}, malformed=True, text=stripped)
         return Decision(name, args, text=text)
 
+    def _generate(self, ids: list[int], stop_strings: list[str] | None = None) -> list[int]:
+        inputs = torch.tensor([ids], device=self.model.device)
+        sample = self.temperature > 0
+        out = self.model.generate(
+            input_ids=inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=self.max_new_tokens,
+            do_sample=sample, temperature=self.temperature if sample else None, top_k=0 if sample else None,
+            top_p=1.0 if sample else None, eos_token_id=self.end_id, pad_token_id=self.tok.pad_token_id,
+            stop_strings=stop_strings, tokenizer=self.tok if stop_strings else None)
+        gen = out[0, len(ids):].tolist()
+        return gen[: gen.index(self.end_id) + 1] if self.end_id in gen else gen
+
+    def _decide_turn(self, state: dict) -> Decision:
+        text = self.tok.apply_chat_template(state["turn_messages"], tools=self.tools, add_generation_prompt=True,
+                                            tokenize=False)
+        ids = self.tok(text, add_special_tokens=False)["input_ids"]
+        if len(ids) + self.max_new_tokens > self.max_context:
+            self.truncated = True
+            return Decision(None, {}, malformed=True, text="look")
+        score = self.decoding == "score" and bool(state.get("admissible_commands"))
+        gen = self._generate(ids, [COMMAND_OPEN] if score else None)
+        self.generated_tokens += len(gen)
+        out = self.tok.decode(gen, skip_special_tokens=False)
+        if score and out.rstrip("\n").endswith(COMMAND_OPEN) and '"act"' in out:
+            return self._score_act(ids + gen, state["admissible_commands"], out)
+        name, args = parse_tool_call(out)
+        if name is not None:
+            return Decision(name, args, text=out)
+        if score:  # malformed: still an admissible act, scored after the canonical act prefix
+            prefix = self.tok(EMPTY_THINK + ACT_PREFIX, add_special_tokens=False)["input_ids"]
+            dec = self._score_act(ids + prefix, state["admissible_commands"], out)
+            dec.malformed = True
+            return dec
+        stripped = out.replace("<|im_end|>", "").split("</think>")[-1].strip()
+        return Decision(None, {}, malformed=True, text=stripped)
+
+    def _score_act(self, context: list[int], admissible: list[str], generated: str) -> Decision:
+        """The admissible command with the highest summed log-probability after ``context`` (which ends where
+        the command string opens), scored with its closing ``"}}`` so a prefix ("cabinet 1") does not win over
+        the full name ("cabinet 10"). One batched forward pass over all candidates."""
+        cands = [self.tok(c + COMMAND_CLOSE, add_special_tokens=False)["input_ids"] for c in admissible]
+        width = len(context) + max(len(c) for c in cands)
+        pad = self.tok.pad_token_id
+        batch = torch.full((len(cands), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(cands), width), dtype=torch.long)
+        for i, c in enumerate(cands):
+            seq = context + c
+            batch[i, :len(seq)] = torch.tensor(seq)
+            mask[i, :len(seq)] = 1
+        logits = self.model(input_ids=batch.to(self.model.device), attention_mask=mask.to(self.model.device)).logits
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        scores = []
+        for i, c in enumerate(cands):
+            pos = torch.arange(len(context) - 1, len(context) - 1 + len(c))
+            scores.append(logp[i, pos, torch.tensor(c)].sum().item())
+        best = max(range(len(cands)), key=scores.__getitem__)
+        self.generated_tokens += len(cands[best])
+        self.scored += 1
+        return Decision("act", {"command": admissible[best]}, text=generated + admissible[best] + COMMAND_CLOSE)
+
     def observe(self, text: str) -> None:
         """Append the tool response and the next generation prompt (Qwen3 template layout)."""
+        if self.context == "turn":
+            return
         suffix = f"\n<|im_start|>user\n<tool_response>\n{text}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
         self._append_env(self.tok(suffix, add_special_tokens=False)["input_ids"])
 
@@ -84,7 +168,11 @@ class LMPolicy:
         self.logprobs += [0.0] * len(ids)
 
     def rollout(self) -> dict:
-        """The episode as TRL's ``rollout_func`` expects one entry, trailing environment tokens removed."""
+        """The episode as TRL's ``rollout_func`` expects one entry, trailing environment tokens removed.
+
+        Raises NotImplementedError in the ``turn`` context, whose episode is not one token sequence."""
+        if self.context == "turn":
+            raise NotImplementedError("GRPO rollouts need the history context (one token sequence per episode)")
         n = len(self.env_mask)
         while n and self.env_mask[n - 1] == 0:
             n -= 1

@@ -44,7 +44,7 @@ def train_tokenizer(texts, vocab_size: int):
 
 
 def build_default_model(cfg: ModelConfig, trace_file: str | Path, out_dir: str | Path) -> str:
-    """Train the tokenizer on the rendered traces of ``trace_file`` and build a randomly initialised
+    """Train the tokenizer on the rendered traces of ``trace_file`` (either context layout) and build a randomly initialised
     ``Qwen3ForCausalLM`` from ``cfg``; save both with ``save_pretrained`` under ``out_dir``. Returns the path."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -60,8 +60,8 @@ def build_default_model(cfg: ModelConfig, trace_file: str | Path, out_dir: str |
     # Train on the text SFT will see: TRL's training variant of the template (every assistant turn opens with
     # "<think>\n\n</think>\n\n"), so the BPE merges cover that scaffolding.
     training_template = get_training_chat_template(bootstrap) or bootstrap.chat_template
-    texts = [bootstrap.apply_chat_template(r["messages"], tools=json.loads(r["tools"]), tokenize=False,
-                                           chat_template=training_template) for r in rows]
+    texts = [bootstrap.apply_chat_template(conversation(r), tools=json.loads(r["tools"]) if r.get("tools") else None,
+                                           tokenize=False, chat_template=training_template) for r in rows]
     tokenizer = train_tokenizer(texts, cfg.vocab_size)
     torch.manual_seed(cfg.seed)
     config = Qwen3Config(
@@ -76,6 +76,11 @@ def build_default_model(cfg: ModelConfig, trace_file: str | Path, out_dir: str |
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return str(out)
+
+
+def conversation(row: dict) -> list[dict]:
+    """A trace row's messages: ``messages`` (history context) or ``prompt`` + ``completion`` (turn context)."""
+    return row["messages"] if "messages" in row else row["prompt"] + row["completion"]
 
 
 def _whitespace_tokenizer():

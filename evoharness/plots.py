@@ -20,3 +20,24 @@ def annealing_figure(history: list[dict]):
     b.set_xlabel("GRPO step"), b.set_ylabel("per episode"), b.legend(), b.set_title("harness annealing")
     fig.tight_layout()
     return fig
+
+
+def memory_figure(worker_stats: list[dict]):
+    """Matplotlib figure: each collection worker's resident memory (MiB) after every episode, in completion order.
+
+    ``worker_stats``: dicts with ``order`` (episode completion index), ``pid``, ``rss_mb`` and ``peak_rss_mb``, as
+    ``evoharness.collect.collect`` returns them. Flat lines mean worker recycling keeps TextWorld's leak bounded.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    order = [w["order"] for w in worker_stats]
+    ax.plot(order, [w["rss_mb"] for w in worker_stats], ".", markersize=2, label="RSS after the episode")
+    ax.plot(order, [w["peak_rss_mb"] for w in worker_stats], "-", linewidth=0.5, alpha=0.6, label="worker peak RSS")
+    ax.set_xlabel("episode (completion order)"), ax.set_ylabel("MiB"), ax.legend()
+    ax.set_title(f"collection worker memory ({len({w['pid'] for w in worker_stats})} worker processes)")
+    fig.tight_layout()
+    return fig

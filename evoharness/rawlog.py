@@ -187,6 +187,9 @@ def read_episodes(repo: str | Path, rev: str | None = None, path: str = "data/lo
                   quarantine: list | None = None) -> tuple[list[Episode], str]:
     """Read and validate every shard under ``path`` through ``dvc.api`` at git ``rev`` (None = workspace).
 
+    ``path`` is ``<tracked folder>/logs``; the folder's ``.dvc`` file (``data.dvc`` for ``data/logs``) names the md5.
+    Shards named ``*.generic.jsonl`` hold one episode per line in the generic format (``generic_log``); the
+    others hold the records above.
     Returns (episodes, md5) where md5 is the data's DVC md5 at that rev. ``quarantine``: see ``parse_lines``.
     Raises RawLogError on a bad record (unless quarantining); FileNotFoundError when the rev's data is not in the
     DVC cache/remote.
@@ -208,6 +211,11 @@ def read_episodes(repo: str | Path, rev: str | None = None, path: str = "data/lo
         except Exception as exc:
             raise FileNotFoundError(f"{shard} at rev {rev or 'workspace'} could not be read through DVC "
                                     f"({type(exc).__name__}: {exc}); run `dvc pull` or re-run collection") from exc
-        episodes.extend(parse_lines(lines, shard, quarantine))
-    md5 = dvc_md5(repo, rev)
+        if shard.endswith(".generic.jsonl"):  # any tool-using agent's episodes: see evoharness/generic_log.py
+            from evoharness.generic_log import parse_generic_lines
+
+            episodes.extend(parse_generic_lines(lines, shard, quarantine))
+        else:
+            episodes.extend(parse_lines(lines, shard, quarantine))
+    md5 = dvc_md5(repo, rev, f"{Path(path).parts[0]}.dvc")
     return episodes, md5 or ""

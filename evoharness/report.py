@@ -14,7 +14,8 @@ EVAL_KEYS = ("split", "episodes", "games_in_split", "success_rate", "success_by_
 
 def pipeline_summary(ev: dict, parent_ev: dict, model: dict, grpo: dict, sft: dict, traces: dict, data: dict,
                      walls: dict, cached: dict, promotion: dict, parent_run_id: str, lineage: dict) -> dict:
-    """Merge the stages' results into the summary (evaluation keys at top level, as ``flows.evaluate`` writes)."""
+    """Merge the stages' results into the summary (evaluation keys at top level, as ``flows.evaluate`` writes).
+    ``grpo`` and ``parent_ev`` are None when the pipeline stopped after SFT."""
     return {
         **{k: ev[k] for k in EVAL_KEYS},
         "mlflow_run_id": parent_run_id,
@@ -24,11 +25,13 @@ def pipeline_summary(ev: dict, parent_ev: dict, model: dict, grpo: dict, sft: di
         "stage_cached": cached,
         "grpo_meta_actions_per_episode": {
             "first_step": {m: grpo["first"][f"meta_actions_{m}"] for m in META_ACTIONS},
-            "last_step": {m: grpo["last"][f"meta_actions_{m}"] for m in META_ACTIONS}},
-        "grpo_steps": grpo["global_step"],
-        "parent_evaluation": {k: parent_ev[k] for k in EVAL_KEYS} | {"mlflow_run_id": parent_ev["mlflow_run_id"]},
+            "last_step": {m: grpo["last"][f"meta_actions_{m}"] for m in META_ACTIONS}} if grpo else None,
+        "grpo_steps": grpo["global_step"] if grpo else 0,
+        "parent_evaluation": ({k: parent_ev[k] for k in EVAL_KEYS} | {"mlflow_run_id": parent_ev["mlflow_run_id"]}
+                              if parent_ev else None),
         "promotion": promotion,
-        "sft": {k: sft.get(k) for k in ("global_step", "first_loss", "last_loss", "parameters", "world_size")},
+        "sft": {k: sft.get(k) for k in ("global_step", "first_loss", "last_loss", "parameters", "world_size",
+                                        "train_runtime_s", "tokens_seen")},
         "traces": {k: traces.get(k) for k in ("episodes", "kept", "train_rows", "valid_rows", "content_hash")},
         "data": data,
         "lineage": lineage,
@@ -44,17 +47,26 @@ def print_summary(s: dict) -> None:
     print(f"{'total':<14}{sum(s['stage_wall_s'].values()):>9.1f}")
     p = s["parent_evaluation"]
     print(f"\nevaluation on {s['split']}: {s['episodes']} of {s['games_in_split']} games (evenly spaced)")
-    print(f"{'task type':<10}{'episodes':>9}{'GRPO':>8}{'SFT':>8}")
-    for k, v in s["success_by_task_type"].items():
-        print(f"{k:<10}{s['episodes_by_task_type'][k]:>9}{v:>8.3f}{p['success_by_task_type'][k]:>8.3f}")
-    print(f"{'All':<10}{s['episodes']:>9}{s['success_rate']:>8.3f}{p['success_rate']:>8.3f}")
-    print(f"mean steps {s['mean_steps']:.1f} (SFT {p['mean_steps']:.1f}); generated tokens/episode "
-          f"{s['generated_tokens_per_episode']:.0f} (SFT {p['generated_tokens_per_episode']:.0f})")
-    print(f"\n{'meta-action':<12}{'GRPO first':>11}{'GRPO last':>11}{'eval GRPO':>11}{'eval SFT':>10}   (per episode)")
-    g = s["grpo_meta_actions_per_episode"]
-    for m in META_ACTIONS:
-        print(f"{m:<12}{g['first_step'][m]:>11.2f}{g['last_step'][m]:>11.2f}"
-              f"{s['meta_actions_per_episode'][m]:>11.2f}{p['meta_actions_per_episode'][m]:>10.2f}")
+    if p is None:  # stopped after SFT
+        print(f"{'task type':<10}{'episodes':>9}{'SFT':>8}")
+        for k, v in s["success_by_task_type"].items():
+            print(f"{k:<10}{s['episodes_by_task_type'][k]:>9}{v:>8.3f}")
+        print(f"{'All':<10}{s['episodes']:>9}{s['success_rate']:>8.3f}")
+        print(f"mean steps {s['mean_steps']:.1f}; generated tokens/episode {s['generated_tokens_per_episode']:.0f}")
+        print("meta-actions per episode: " + ", ".join(f"{m} {s['meta_actions_per_episode'][m]:.2f}"
+                                                        for m in META_ACTIONS))
+    else:
+        print(f"{'task type':<10}{'episodes':>9}{'GRPO':>8}{'SFT':>8}")
+        for k, v in s["success_by_task_type"].items():
+            print(f"{k:<10}{s['episodes_by_task_type'][k]:>9}{v:>8.3f}{p['success_by_task_type'][k]:>8.3f}")
+        print(f"{'All':<10}{s['episodes']:>9}{s['success_rate']:>8.3f}{p['success_rate']:>8.3f}")
+        print(f"mean steps {s['mean_steps']:.1f} (SFT {p['mean_steps']:.1f}); generated tokens/episode "
+              f"{s['generated_tokens_per_episode']:.0f} (SFT {p['generated_tokens_per_episode']:.0f})")
+        print(f"\n{'meta-action':<12}{'GRPO first':>11}{'GRPO last':>11}{'eval GRPO':>11}{'eval SFT':>10}   (per episode)")
+        g = s["grpo_meta_actions_per_episode"]
+        for m in META_ACTIONS:
+            print(f"{m:<12}{g['first_step'][m]:>11.2f}{g['last_step'][m]:>11.2f}"
+                  f"{s['meta_actions_per_episode'][m]:>11.2f}{p['meta_actions_per_episode'][m]:>10.2f}")
     pr = s["promotion"]
     print(f"\nregistered {s['model_uri']} (alias candidate); champion: "
           f"{'moved to it' if pr['promoted'] else 'kept at v' + str(pr['champion_version'])}")

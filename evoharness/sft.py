@@ -21,16 +21,21 @@ from evoharness.config import SFTStageConfig
 
 
 def load_trace_dataset(path: str | Path):
-    """The trace JSONL as a ``datasets.Dataset`` with the ``messages`` and ``tools`` columns TRL reads."""
+    """The trace JSONL as a ``datasets.Dataset`` with the columns TRL reads: ``messages`` (+ ``tools``) for
+    history-context traces (conversational language modelling), ``prompt`` + ``completion`` (+ ``tools``) for
+    turn-context traces (conversational prompt-completion: TRL computes the loss on the completion only)."""
     from datasets import load_dataset
 
     ds = load_dataset("json", data_files=str(path), split="train")
-    return ds.remove_columns([c for c in ds.column_names if c not in ("messages", "tools")])
+    return ds.remove_columns([c for c in ds.column_names if c not in ("messages", "prompt", "completion", "tools")])
 
 
 def train_sft(model_path: str, train_file: str, output_dir: str, cfg: SFTStageConfig,
-              valid_file: str | None = None) -> dict:
+              valid_file: str | None = None, layout: dict | None = None) -> dict:
     """Fine-tune ``model_path`` on the traces; returns ``{"final_path", "global_step", "train_loss", ...}``.
+
+    ``layout`` (``evoharness.context.layout_of``) is saved in the final model's ``config.json`` as
+    ``evoharness_layout``, so evaluation prompts the model the way it was trained.
 
     Raises ValueError when the training file holds no traces.
     """
@@ -46,21 +51,24 @@ def train_sft(model_path: str, train_file: str, output_dir: str, cfg: SFTStageCo
     model, tokenizer = load_policy(model_path)
     ckpt_dir = Path(output_dir) / "checkpoints"
     args = SFTConfig(
-        output_dir=str(ckpt_dir), assistant_only_loss=True, max_length=cfg.max_length,
+        output_dir=str(ckpt_dir), assistant_only_loss="messages" in train.column_names, max_length=cfg.max_length,
         num_train_epochs=cfg.num_train_epochs, max_steps=cfg.max_steps,
         per_device_train_batch_size=cfg.per_device_train_batch_size,
         gradient_accumulation_steps=cfg.gradient_accumulation_steps, learning_rate=cfg.learning_rate,
         lr_scheduler_type="cosine", warmup_steps=cfg.warmup_ratio, logging_steps=cfg.logging_steps,
-        save_steps=cfg.save_steps, save_total_limit=2, seed=cfg.seed, use_cpu=True, bf16=False,
+        save_steps=cfg.save_steps, save_total_limit=2, seed=cfg.seed, use_cpu=True, bf16=cfg.bf16,
         report_to=["mlflow"] if os.environ.get("MLFLOW_RUN_ID") else "none",
         eval_strategy="epoch" if valid is not None else "no",
         per_device_eval_batch_size=cfg.per_device_train_batch_size,
-        dataloader_num_workers=0, disable_tqdm=False,
+        dataloader_num_workers=0, disable_tqdm=False, train_sampling_strategy=cfg.sampling,
+        include_num_input_tokens_seen="non_padding",
     )
     trainer = SFTTrainer(model=model, args=args, train_dataset=train, eval_dataset=valid, processing_class=tokenizer)
     last = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.exists() else None
     result = trainer.train(resume_from_checkpoint=last)
     final = Path(output_dir) / "final"
+    if layout:
+        trainer.model.config.evoharness_layout = layout
     if trainer.accelerator.is_main_process:
         trainer.save_model(str(final))
         tokenizer.save_pretrained(str(final))
@@ -78,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--spec", required=True, help="JSON file: model_path, train_file, output_dir, sft")
     spec = json.loads(Path(parser.parse_args(argv).spec).read_text())
     out = train_sft(spec["model_path"], spec["train_file"], spec["output_dir"], SFTStageConfig(**spec["sft"]),
-                    spec.get("valid_file"))
+                    spec.get("valid_file"), spec.get("layout"))
     if int(os.environ.get("RANK", "0")) == 0:
         Path(spec["output_dir"], "result.json").write_text(json.dumps(out, indent=1))
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from evoharness.alfworld_env import task_params_from_path
 from evoharness.config import TraceConfig
+from evoharness.context import TurnView
 from evoharness.harness import NOTHING, SYSTEM_PROMPT, TOOLS, ExperienceStore, Workspace, final_observation, tokens
 from evoharness.rawlog import Episode
 
@@ -52,6 +53,15 @@ def subgoal_plan(game: str) -> list[tuple[str, str, str]]:
     return plan
 
 
+def watched_objects(game: str) -> list[str]:
+    """Object names whose sightings the teacher tracks: the task object, and for ``look_at_obj_in_light`` the lamp."""
+    p = task_params_from_path(game)
+    names = [p["object_target"].lower()]
+    if p["task_type"] == "look_at_obj_in_light" and p["toggle_target"]:
+        names.append(p["toggle_target"].lower())
+    return names
+
+
 def _seen_objects(observation: str, obj: str) -> list[tuple[str, str]]:
     """(object id, receptacle) pairs for ``obj`` seen in "On the X, you see ..." / "In it, you see ..." text."""
     m = re.search(r"(?:arrive at|open the) ([a-z]+ \d+)", observation)
@@ -69,41 +79,64 @@ class Teacher:
         self.experience = experience or ExperienceStore()
 
     def annotate(self, ep: Episode) -> dict:
-        """One episode -> a trace row ``{"messages", "tools", "episode_id", "game", "won", "meta_actions"}``."""
-        ws = Workspace.from_config(self.experience, ep.episode_id, self.cfg)
+        """One episode -> a trace row ``{"messages", "tools", "turns", "episode_id", "game", "won", "meta_actions",
+        "workspace"}``. ``messages`` is the whole episode as one conversation (``history`` context); ``turns`` holds
+        one prompt/completion example per policy turn (``turn`` context, see ``evoharness.context``), leaving out
+        the commands that are never targets (``TraceConfig.drop_labels``). Non-ALFWorld episodes (generic logs) get
+        the task-level meta-actions only: recall, the goal commit and the closing note."""
+        cfg = self.cfg
+        ws = Workspace.from_config(self.experience, ep.episode_id, cfg)
         msgs: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT},
                             {"role": "user", "content": ep.records[0]["observation"]}]
+        view = TurnView(ep.task, cfg.harness, cfg.recent_actions, cfg.system_prompt)
+        view.start(ep.records[0]["observation"])
+        turns: list[dict] = []
+
+        def example(call: dict) -> None:
+            turns.append({"prompt": view.prompt(ws.render()), "completion": [call]})
 
         def meta(name: str, args: dict, step: int) -> None:
-            result, _ok = ws.call(name, args, step)
-            msgs.extend([tool_call_message(name, args), {"role": "tool", "content": result}])
+            call = tool_call_message(name, args)
+            if cfg.harness:
+                example(call)
+            result, ok = ws.call(name, args, step)
+            msgs.extend([call, {"role": "tool", "content": result}])
+            view.record_meta(name, result, ok)
 
-        params = task_params_from_path(ep.game)
-        obj = params["object_target"].lower()
-        plan = subgoal_plan(ep.game)
+        try:
+            obj = task_params_from_path(ep.game)["object_target"].lower()
+            plan, watched = subgoal_plan(ep.game), watched_objects(ep.game)
+        except ValueError:  # not an ALFWorld game path: a generic tool-using agent's episode
+            obj, plan, watched = None, [], []
         meta("recall", {"query": ep.task or ep.task_type}, 0)
         meta("commit", {"id": "goal", "status": "active", "text": ep.task}, 0)
         next_goal, failures, found_at = 0, 0, None
         ws.observe(0, ep.records[0]["observation"])
         for rec in ep.records[1:]:
             obs, step = rec["observation"], rec["step"]
+            call = tool_call_message("act", {"command": rec["action"]})
+            source = rec.get("action_source")
+            if source not in ("random", "invalid") and not (source == "expert" and rec["action"] in cfg.drop_labels):
+                example(call)
             ws.observe(step, obs)
             shown = final_observation(obs, rec["won"]) if rec["done"] else obs
-            msgs.extend([tool_call_message("act", {"command": rec["action"]}), {"role": "tool", "content": shown}])
+            msgs.extend([call, {"role": "tool", "content": shown}])
+            view.record_act(rec["action"], shown)
             if rec["done"]:
                 break
             failures = failures + 1 if obs == NOTHING else 0
             if failures == 2:
                 meta("recall", {"query": f"nothing happens {rec['action']}"}, step)
-            for oid, where in _seen_objects(obs, obj):
-                if (oid, "location") not in ws.belief or ws.belief[(oid, "location")].value != where:
-                    meta("track", {"entity": oid, "attribute": "location", "value": where}, step)
-                    found_at = found_at or where
-            m = re.match(rf"You pick up the ({obj} \d+)", obs)
+            for name in watched:
+                for oid, where in _seen_objects(obs, name):
+                    if (oid, "location") not in ws.belief or ws.belief[(oid, "location")].value != where:
+                        meta("track", {"entity": oid, "attribute": "location", "value": where}, step)
+                        found_at = found_at or (where if name == obj else None)
+            m = re.match(rf"You pick up the ({obj} \d+)", obs) if obj else None
             if m:
                 meta("track", {"entity": m.group(1), "attribute": "location", "value": "inventory"}, step)
             for verb, state in _EFFECTS.items():
-                m = re.match(rf"You {verb} the ({obj} \d+)", obs)
+                m = re.match(rf"You {verb} the ({obj} \d+)", obs) if obj else None
                 if m:
                     meta("track", {"entity": m.group(1), "attribute": "state", "value": state}, step)
             while next_goal < len(plan) and re.search(plan[next_goal][2], obs):
@@ -111,9 +144,17 @@ class Teacher:
                 deps = [plan[next_goal - 1][0]] if next_goal else []
                 meta("commit", {"id": gid, "status": "done", "text": text, "depends_on": deps}, step)
                 next_goal += 1
-        meta("note", {"lesson": self.lesson(ep, obj, found_at), "tags": [ep.task_type, obj]}, len(ep.records))
-        return {"messages": msgs, "tools": json.dumps(TOOLS), "episode_id": ep.episode_id, "game": ep.game,
-                "won": ep.won, "meta_actions": dict(ws.usage.calls), "workspace": ws.render()}
+        lesson = self.lesson(ep, obj, found_at) if obj else self.generic_lesson(ep)
+        meta("note", {"lesson": lesson, "tags": [ep.task_type] + ([obj] if obj else [])}, len(ep.records))
+        return {"messages": msgs, "tools": json.dumps(TOOLS), "turns": turns, "episode_id": ep.episode_id,
+                "game": ep.game, "won": ep.won, "meta_actions": dict(ws.usage.calls), "workspace": ws.render()}
+
+    @staticmethod
+    def generic_lesson(ep: Episode) -> str:
+        """A lesson from a generic (non-ALFWorld) episode: its outcome and the commands that failed."""
+        bad = sorted({r["action"] for r in ep.records[1:] if r["observation"].strip() == NOTHING})
+        verdict = "won" if ep.won else "lost"
+        return f"{ep.task}: {verdict} in {len(ep.records) - 1} steps" + (f"; failed: {', '.join(bad)}" if bad else "")
 
     @staticmethod
     def lesson(ep: Episode, obj: str, found_at: str | None) -> str:
@@ -132,6 +173,9 @@ def build_traces(episodes: list[Episode], cfg: TraceConfig, out_dir: str | Path,
                  experience_path: str | Path | None = None) -> dict:
     """Annotate every episode (sorted by episode id) and write ``train.jsonl``/``valid.jsonl`` trace datasets.
 
+    ``history`` context: one row per episode (``messages``, ``tools``). ``turn`` context: one prompt/completion row
+    per policy turn; ``messages_mean`` then counts examples per episode and ``chars_mean`` the user message's length.
+
     Episodes with ``error`` or (when ``cfg.won_only``) unwon ones still add their lesson to Experience but are
     left out of the datasets. The validation split holds whole games (``valid_share`` of them, by hash).
     Returns stats and ``content_hash``: sha256 of both files, so the same episodes give the same hash.
@@ -142,21 +186,31 @@ def build_traces(episodes: list[Episode], cfg: TraceConfig, out_dir: str | Path,
         Path(experience_path).unlink()
     teacher = Teacher(cfg, ExperienceStore(experience_path or ":memory:"))
     rows = {"train": [], "valid": []}
-    stats = {"episodes": 0, "kept": 0, "steps": 0, "meta_actions": {}}
+    stats = {"episodes": 0, "kept": 0, "steps": 0, "meta_actions": {}, "context": cfg.context, "harness": cfg.harness}
     lengths: dict[str, list[int]] = {"workspace_tokens": [], "messages": [], "chars": []}
+    tools = json.dumps(TOOLS)
     for ep in sorted(episodes, key=lambda e: e.episode_id):
         row = teacher.annotate(ep)
         stats["episodes"] += 1
         if "error" in ep.records[-1] or (cfg.won_only and not ep.won):
             continue
         bucket = int(hashlib.sha256(ep.game.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
-        rows["valid" if bucket < cfg.valid_share else "train"].append(row)
+        split = "valid" if bucket < cfg.valid_share else "train"
+        turns = row.pop("turns")
+        if cfg.context == "turn":
+            for i, t in enumerate(turns):
+                rows[split].append(t | {"episode_id": ep.episode_id, "game": ep.game, "turn": i}
+                                   | ({"tools": tools} if cfg.tools_in_prompt else {}))
+                lengths["chars"].append(len(t["prompt"][-1]["content"]))
+            lengths["messages"].append(len(turns))
+        else:
+            rows[split].append(row)
+            lengths["messages"].append(len(row["messages"]))
+            lengths["chars"].append(sum(len(m["content"]) + len(json.dumps(m.get("tool_calls", "")))
+                                        for m in row["messages"]))
         stats["kept"] += 1
         stats["steps"] += len(ep.records) - 1
         lengths["workspace_tokens"].append(len(tokens(row["workspace"])))
-        lengths["messages"].append(len(row["messages"]))
-        lengths["chars"].append(sum(len(m["content"]) + len(json.dumps(m.get("tool_calls", "")))
-                                    for m in row["messages"]))
         for k, v in row["meta_actions"].items():
             stats["meta_actions"][k] = stats["meta_actions"].get(k, 0) + v
     digest = hashlib.sha256()

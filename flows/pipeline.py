@@ -1,6 +1,10 @@
 """The main flow: DVC-tracked logs -> BPE traces -> SFT -> cost-aware GRPO -> evaluation -> registered policy.
 
-    python -m flows.pipeline [--profile NAME] [--data-rev REV] [--split NAME] [--limit N] [--summary-json FILE]
+    python -m flows.pipeline [--profile NAME] [--data-rev REV] [--split NAME] [--limit N] [--until sft|grpo]
+                             [--summary-json FILE]
+
+``--until sft`` stops training after SFT: the SFT policy is registered (alias ``candidate``), evaluated and
+considered for ``champion``, with no GRPO stage.
 """
 
 from __future__ import annotations
@@ -25,8 +29,14 @@ REPO = str(Path(__file__).resolve().parent.parent)
 
 @flow(name="evoharness-pipeline")
 def pipeline(profile: str = "default", data_rev: str | None = None, split: str | None = None,
-             limit: int | None = None, summary_json: str | None = None, repo: str = REPO) -> dict:
-    """Run every stage once (cached stages are reused); returns the summary, also written to ``summary_json``."""
+             limit: int | None = None, summary_json: str | None = None, repo: str = REPO,
+             until: str = "grpo") -> dict:
+    """Run every stage once (cached stages are reused); returns the summary, also written to ``summary_json``.
+
+    ``until``: ``grpo`` (every stage) or ``sft`` (no GRPO: the SFT policy is the candidate). Raises ValueError
+    for another value."""
+    if until not in ("sft", "grpo"):
+        raise ValueError(f"until is {until!r}; use 'sft' or 'grpo'")
     cfg = load_profile(profile, {"evaluate": {k: v for k, v in (("split", split), ("limit", limit)) if v is not None}})
     runs = str(Path(repo) / "runs")
     evals = str(Path(runs) / "eval" / time.strftime(f"%Y%m%d-%H%M%S-{cfg.profile}"))
@@ -40,28 +50,37 @@ def pipeline(profile: str = "default", data_rev: str | None = None, split: str |
         pid = parent.info.run_id
         data = collect_task(cfg, repo, pid)
         lap("collect")
-        episodes, md5 = ingest_task(repo, data_rev, pid, cfg.ingest.on_error)
+        episodes, md5 = ingest_task(repo, data_rev, pid, cfg.ingest.on_error, cfg.collect.path)
         lap("ingest")
         traces, hit = run_stage(build_traces_task, episodes, md5, cfg, runs, pid)
         lap("build_traces", hit)
         sft, hit = run_stage(sft_task, cfg, traces, runs, pid)
         lap("sft", hit)
-        grpo, hit = run_stage(grpo_task, cfg, sft, traces, runs, pid)
-        lap("grpo", hit)
-        lineage = {"data_rev": data_rev or "workspace", "dvc_md5": md5, "trace_hash": traces["content_hash"],
-                   "trace_run_id": traces["run_id"], "parent_model_run_id": sft["run_id"],
-                   "grpo_run_id": grpo["run_id"], "pipeline_run_id": pid, "config_digest": cfg.digest(),
+        grpo = None
+        if until == "grpo":
+            grpo, hit = run_stage(grpo_task, cfg, sft, traces, runs, pid)
+            lap("grpo", hit)
+        final = grpo or {"final_path": sft["final_path"], "experience_path": traces["experience_path"]}
+        lineage = {"data_rev": data_rev or "workspace", "dvc_md5": md5, "data_path": cfg.collect.path,
+                   "trace_hash": traces["content_hash"], "trace_run_id": traces["run_id"],
+                   "parent_model_run_id": sft["run_id"], "trained_until": until, "pipeline_run_id": pid,
+                   "config_digest": cfg.digest(),
+                   **({"grpo_run_id": grpo["run_id"]} if grpo else {}),
                    **{k: parent.data.tags[k] for k in ("git_commit", "git_dirty", "profile",
                                                        "prefect_flow_run_id", "prefect_deployment_id")}}
-        model = register_task(grpo["final_path"], cfg.registered_model_name, lineage, cfg.to_dict(), traces, pid)
+        model = register_task(final["final_path"], cfg.registered_model_name, lineage, cfg.to_dict(), traces, pid)
         lap("register")
-        ev = evaluate_task(grpo["final_path"], cfg.evaluate, cfg.cost, evals, pid, grpo["experience_path"],
+        ev = evaluate_task(final["final_path"], cfg.evaluate, cfg.cost, evals, pid, final["experience_path"],
                            model["model_uri"], workspace_cfg=cfg.traces)
-        parent_ev = evaluate_task(sft["final_path"], cfg.evaluate, cfg.cost, evals, pid, traces["experience_path"],
-                                  f"runs:/{sft['run_id']}", name=f"evaluate-parent-{cfg.evaluate.split}",
-                                  parent_of=model["model_uri"], workspace_cfg=cfg.traces)
+        parent_ev = None
+        if grpo:
+            parent_ev = evaluate_task(sft["final_path"], cfg.evaluate, cfg.cost, evals, pid,
+                                      traces["experience_path"], f"runs:/{sft['run_id']}",
+                                      name=f"evaluate-parent-{cfg.evaluate.split}", parent_of=model["model_uri"],
+                                      workspace_cfg=cfg.traces)
         lap("evaluate")
-        decision = promote_task(model, cfg.registered_model_name, ev, cfg.evaluate, cfg.cost, evals, pid)
+        decision = promote_task(model, cfg.registered_model_name, ev, cfg.evaluate, cfg.cost, evals, pid,
+                                workspace_cfg=cfg.traces)
         lap("promote")
         summary = pipeline_summary(ev, parent_ev, model, grpo, sft, traces, data, walls, cached, decision, pid,
                                    lineage)
@@ -74,12 +93,14 @@ def pipeline(profile: str = "default", data_rev: str | None = None, split: str |
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description="Run the EvoHarness pipeline on the embedded default model.")
     p.add_argument("--profile", default="default", help="profiles/<NAME>.yaml (default: default)")
-    p.add_argument("--data-rev", default=None, help="git rev whose data.dvc names the logs (default: workspace)")
+    p.add_argument("--data-rev", default=None, help="git rev whose <collect.path>.dvc names the logs (default: workspace)")
     p.add_argument("--split", default=None, help="evaluation split (default: the profile's, valid_seen)")
     p.add_argument("--limit", type=int, default=None, help="evaluate N games evenly spaced over the split (0 = all)")
+    p.add_argument("--until", default="grpo", choices=["sft", "grpo"], help="last training stage (default: grpo)")
     p.add_argument("--summary-json", default=None, help="write the summary JSON here")
     a = p.parse_args(argv)
-    return pipeline(profile=a.profile, data_rev=a.data_rev, split=a.split, limit=a.limit, summary_json=a.summary_json)
+    return pipeline(profile=a.profile, data_rev=a.data_rev, split=a.split, limit=a.limit, summary_json=a.summary_json,
+                    until=a.until)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from prefect.cache_policies import NO_CACHE
 from evoharness import datastore, rawlog
 from evoharness.alfworld_env import list_games
 from evoharness.config import PipelineConfig
+from evoharness.plots import memory_figure
 from evoharness.tracking import start_run
 from tasks.caching import transient_only
 
@@ -25,7 +26,8 @@ from tasks.caching import transient_only
     cache_policy=NO_CACHE,
 )
 def collect_task(cfg: PipelineConfig, repo: str, parent_run_id: str) -> dict:
-    """Ensure ``data/`` holds the raw logs that ``data.dvc`` names (collect or regenerate them when missing)."""
+    """Ensure ``<collect.path>/`` holds the raw logs its ``.dvc`` file names (check out, pull, collect or
+    regenerate), push them to the default DVC remote, and log the collection's figures (episodes/min, worker memory)."""
     log = get_run_logger()
     c = cfg.collect
     games = list_games(c.split, limit=c.num_games, stride=c.stride)
@@ -41,9 +43,14 @@ def collect_task(cfg: PipelineConfig, repo: str, parent_run_id: str) -> dict:
                 else None
             ),
         )
-        mlflow.set_tags({"data_status": out["status"], "dvc_md5": out["md5"]})
+        mlflow.set_tags({"data_status": out["status"], "dvc_md5": out["md5"], "data_path": c.path,
+                         "dvc_remote": datastore.default_remote(repo) or "none"})
+        if out["pushed"] is not None:
+            mlflow.log_metric("dvc_pushed_files", out["pushed"])
         if out["manifest"]:
             m = out["manifest"]
+            ws = m["worker_stats"]
+            played = [w for w in ws if w.get("wall_s") is not None]
             mlflow.log_metrics(
                 {
                     "episodes": m["episodes"],
@@ -52,23 +59,32 @@ def collect_task(cfg: PipelineConfig, repo: str, parent_run_id: str) -> dict:
                     "perturbed": m["perturbed"],
                     "failed": len(m["failed"]),
                     "wall_s": m["wall_s"],
+                    "episodes_per_min": len(played) / max(m["wall_s"], 1e-9) * 60,
+                    "worker_peak_rss_mb": max((w["peak_rss_mb"] for w in ws), default=0.0),
                 }
             )
-    log.info(f"data {out['status']}: md5 {out['md5']}")
-    return {"status": out["status"], "md5": out["md5"]}
+            if ws:
+                mlflow.log_figure(memory_figure(ws), "worker_memory.png")
+                mlflow.log_text("".join(json.dumps(w) + "\n" for w in ws), "worker_stats.jsonl")
+    log.info(f"data {out['status']}: md5 {out['md5']}, pushed {out['pushed']}")
+    return {"status": out["status"], "md5": out["md5"], "pushed": out["pushed"]}
 
 
 @task(name="ingest", timeout_seconds=3600, cache_policy=NO_CACHE)
-def ingest_task(repo: str, data_rev: str | None, parent_run_id: str, on_error: str = "stop") -> tuple[list, str]:
-    """Read and validate the raw logs at ``data_rev`` through ``dvc.api``; return (episodes, DVC md5).
+def ingest_task(repo: str, data_rev: str | None, parent_run_id: str, on_error: str = "stop",
+                data_path: str = "data") -> tuple[list, str]:
+    """Read and validate the raw logs under ``<data_path>/logs`` at ``data_rev`` through ``dvc.api``; return
+    (episodes, DVC md5).
 
     ``on_error="quarantine"`` writes bad records to ``runs/quarantine/<md5>.jsonl`` (also an MLflow artifact)."""
     log = get_run_logger()
     quarantine = [] if on_error == "quarantine" else None
-    with start_run("ingest", parent_run_id, tags={"data_rev": data_rev or "workspace", "on_error": on_error}):
-        episodes, md5 = rawlog.read_episodes(repo, data_rev, quarantine=quarantine)
+    tags = {"data_rev": data_rev or "workspace", "on_error": on_error, "data_path": data_path}
+    with start_run("ingest", parent_run_id, tags=tags):
+        episodes, md5 = rawlog.read_episodes(repo, data_rev, f"{data_path}/logs", quarantine=quarantine)
         mlflow.set_tag("dvc_md5", md5)
         mlflow.MlflowClient().set_tag(parent_run_id, "dvc_md5", md5)
+        mlflow.MlflowClient().set_tag(parent_run_id, "data_path", data_path)
         mlflow.log_metrics(
             {
                 "episodes": len(episodes),

@@ -97,6 +97,7 @@ def promote_task(
     cost: CostConfig,
     work_dir: str,
     parent_run_id: str,
+    workspace_cfg: TraceConfig | None = None,
 ) -> dict:
     """Move ``champion`` to the candidate when its success on the same split and games is at least the
     champion's (the champion is evaluated on them first if needed); log the comparison."""
@@ -106,7 +107,8 @@ def promote_task(
         def evaluate_champion(version: str) -> float:
             uri = f"models:/{registered_name}/{version}"
             summary = evaluate_task.fn(
-                uri, cfg, cost, work_dir, run.info.run_id, model_uri=uri, name=f"evaluate-champion-v{version}"
+                uri, cfg, cost, work_dir, run.info.run_id, model_uri=uri, name=f"evaluate-champion-v{version}",
+                workspace_cfg=workspace_cfg,
             )
             return summary["success_rate"]
 

@@ -17,6 +17,7 @@ from evoharness.alfworld_env import list_games
 from evoharness.config import PipelineConfig
 from evoharness.harness import ExperienceStore
 from evoharness.launch import accelerate_launch
+from evoharness.context import layout_of
 from evoharness.model import build_default_model, load_policy, num_parameters
 from evoharness.plots import annealing_figure
 from evoharness.tracking import start_run
@@ -84,6 +85,7 @@ def sft_task(cfg: PipelineConfig, traces: dict, work_dir: str, parent_run_id: st
             "valid_file": traces["valid_file"],
             "output_dir": str(out),
             "sft": dataclasses.asdict(cfg.sft),
+            "layout": layout_of(cfg.traces),
         }
         result = accelerate_launch("evoharness.sft", spec, out, cfg.sft.num_processes, _child_env(run.info.run_id))
         model, _ = load_policy(result["final_path"])
@@ -94,8 +96,11 @@ def sft_task(cfg: PipelineConfig, traces: dict, work_dir: str, parent_run_id: st
                 "global_step": result["global_step"],
                 "world_size": result["world_size"],
                 "final_train_loss": result["train_loss"],
+                "tokens_seen": result.get("tokens_seen") or 0,
+                "tokens_per_s": (result.get("tokens_seen") or 0) / max(result.get("train_runtime_s") or 1e-9, 1e-9),
             }
         )
+        mlflow.set_tags({f"layout.{k}": v for k, v in layout_of(cfg.traces).items()})
         result["run_id"] = run.info.run_id
     get_run_logger().info(f"sft: {result['global_step']} steps, loss {result['first_loss']} -> {result['last_loss']}")
     return result
@@ -111,7 +116,13 @@ def sft_task(cfg: PipelineConfig, traces: dict, work_dir: str, parent_run_id: st
 def grpo_task(cfg: PipelineConfig, sft: dict, traces: dict, work_dir: str, parent_run_id: str) -> dict:
     """Cost-aware GRPO from the SFT checkpoint on multi-turn ALFWorld episodes; logs the annealing curve.
 
-    Cached on (SFT checkpoint, GRPO and cost settings, task source); resumes from its checkpoints."""
+    Cached on (SFT checkpoint, GRPO and cost settings, task source); resumes from its checkpoints.
+    Raises ValueError for a ``turn``-context profile: its rollouts are not one token sequence per episode, which is
+    what this stage's ``rollout_func`` returns (run the pipeline with ``--until sft``)."""
+    if cfg.traces.context != "history":
+        raise ValueError(f"profile {cfg.profile!r}: GRPO needs traces.context: history (one token sequence per "
+                         f"episode); this profile uses {cfg.traces.context!r}. Run `python -m flows.pipeline "
+                         f"--profile {cfg.profile} --until sft`.")
     g = cfg.grpo
     out = grpo_dir({"sft": sft, "cfg": cfg, "work_dir": work_dir})
     games = list_games(g.split, limit=g.num_games, offset=g.game_offset)

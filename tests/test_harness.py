@@ -59,7 +59,7 @@ def test_render_collapses_done_goals_and_keeps_budget():
     for i in range(30):
         w.call("track", {"entity": f"mug {i}", "attribute": "location", "value": f"cabinet {i}"}, i)
     text = w.render()
-    assert text.startswith("Progress: 1 done; goal active: put a hot mug in cabinet")
+    assert text.startswith("Progress: done find; goal active: put a hot mug in cabinet")
     assert "mug 29 location=cabinet 29" in text and "mug 0 " not in text
     assert len(tokens(text)) <= 40
 

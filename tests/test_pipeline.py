@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import subprocess
 
 import pytest
 
@@ -249,3 +250,26 @@ def test_edited_logs_are_not_silently_a_new_version(git_repo, tiny_games):
         with pytest.raises(DataVersionMismatch, match=f"not the version data.dvc names \\({first['md5']}\\)"):
             ensure_data(git_repo, TINY_COLLECT, tiny_games)
     assert (git_repo / "data.dvc").read_text() == before
+
+
+def test_a_clone_pulls_the_pushed_version_from_the_default_remote(tmp_path, git_repo, tiny_games):
+    """A tracked folder other than data/, pushed to a local directory remote outside the repo, comes back in a fresh
+    clone (no DVC cache) through `dvc pull`, byte for byte, without playing a game."""
+    from evoharness.datastore import default_remote, ensure_dvc_repo
+
+    ensure_dvc_repo(git_repo)
+    with (git_repo / ".dvc" / "config").open("a") as fh:
+        fh.write("    remote = local\n['remote \"local\"']\n    url = ../../remote\n")
+    assert default_remote(git_repo) == str(tmp_path / "remote")
+    cfg = dataclasses.replace(TINY_COLLECT, path="logs-v1")
+    first = ensure_data(git_repo, cfg, tiny_games)
+    assert first["status"] == "collected" and first["pushed"] > 0 and (git_repo / "logs-v1.dvc").exists()
+    assert ensure_data(git_repo, cfg, tiny_games)["pushed"] == 0  # already there
+    git(git_repo, "add", "-A")
+    git(git_repo, "commit", "-qm", "logs-v1")
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(git_repo), str(clone)], check=True)
+    again = ensure_data(clone, cfg, games=[])  # nothing to play: the data can only come from the remote
+    assert again["status"] == "pulled" and again["md5"] == first["md5"]
+    shard = "logs-v1/logs/shard-00000.jsonl"
+    assert (clone / shard).read_bytes() == (git_repo / shard).read_bytes()

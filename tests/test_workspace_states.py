@@ -41,7 +41,7 @@ def test_exact_belief_progress_and_experience_after_the_episode():
     assert names == ["recall", "commit", "act", "act", "act", "track", "commit", "act", "track", "commit", "act",
                      "act", "track", "commit", "act", "act", "act", "note"]
     assert row["meta_actions"] == {"track": 3, "commit": 4, "recall": 1, "note": 1}
-    assert row["workspace"] == ("Progress: 3 done; goal active: put a hot mug in cabinet.\n"
+    assert row["workspace"] == ("Progress: done find, take, heat; goal active: put a hot mug in cabinet.\n"
                                 "Belief: mug 1 state=hot; mug 1 location=inventory")
     lessons = teacher.experience.all()
     assert [(x["text"], x["tags"], x["source_episode"]) for x in lessons] == [

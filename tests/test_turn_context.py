@@ -1,0 +1,154 @@
+"""The turn context (issue 5): per-turn SFT examples, the plain baseline, SFT on them, and admissible decoding."""
+
+import dataclasses
+import json
+
+import pytest
+
+from evoharness.agent import run_episode
+from evoharness.alfworld_env import ALFWorldEnv, list_games
+from evoharness.config import CostConfig, SFTStageConfig, TraceConfig
+from evoharness.context import TurnView, layout_of, turn_view
+from evoharness.harness import ExperienceStore, Workspace
+from evoharness.launch import accelerate_launch
+from evoharness.lm_policy import LMPolicy
+from evoharness.model import build_default_model, load_policy
+from evoharness.rawlog import Episode, parse_lines
+from evoharness.traces import Teacher, build_traces
+from tests.test_training import TINY_MODEL
+from tests.test_workspace_states import episode
+
+TURN = TraceConfig(context="turn")
+
+
+def _calls(rows):
+    return [(r["completion"][0]["tool_calls"][0]["function"]["name"],
+             json.loads(r["completion"][0]["tool_calls"][0]["function"]["arguments"])) for r in rows]
+
+
+def test_turn_examples_show_the_workspace_the_teacher_built():
+    row = Teacher(TURN).annotate(episode())
+    turns = row["turns"]
+    names = [n for n, _ in _calls(turns)]
+    # every policy turn of the history trace is an example (no label is dropped in this all-expert episode)
+    assert names == [m["tool_calls"][0]["function"]["name"] for m in row["messages"] if m["role"] == "assistant"]
+    first, take = turns[0]["prompt"], turns[names.index("act", 6)]["prompt"]
+    assert first == [{"role": "user", "content": "Task: put a hot mug in cabinet.\nWorkspace: empty\nObservation: "
+                      + episode().records[0]["observation"]}]
+    # the turn after "open cabinet 4" revealed the mug and the teacher tracked it and committed "find"
+    assert take[-1]["content"] == (
+        "Task: put a hot mug in cabinet.\n"
+        "Progress: done find; goal active: put a hot mug in cabinet.\n"
+        "Belief: mug 1 location=cabinet 4\n"
+        "Lessons: no lessons yet\n"
+        "Recent: go to cabinet 4 | put mug 1 in cabinet 4 (nothing happened) | open cabinet 4\n"
+        "Observation: You open the cabinet 4. The cabinet 4 is open. In it, you see a mug 1.")
+    assert _calls(turns)[names.index("act", 6)] == ("act", {"command": "take mug 1 from cabinet 4"})
+
+
+def test_perturbed_and_look_labels_are_history_not_targets():
+    ep = episode()
+    ep.records[2]["action_source"] = "invalid"  # "put mug 1 in cabinet 4"
+    ep.records[1]["action"], ep.records[1]["observation"] = "look", ep.records[1]["observation"]
+    turns = Teacher(TURN).annotate(ep)["turns"]
+    commands = [a["command"] for n, a in _calls(turns) if n == "act"]
+    assert "look" not in commands and "put mug 1 in cabinet 4" not in commands
+    assert commands[0] == "open cabinet 4"
+    # ... but both stay in the history the next prompt shows
+    nxt = next(t for t, (n, a) in zip(turns, _calls(turns)) if a.get("command") == "open cabinet 4")
+    assert "Recent: look | put mug 1 in cabinet 4 (nothing happened)" in nxt["prompt"][-1]["content"]
+
+
+def test_plain_baseline_has_no_meta_actions_and_no_workspace(tmp_path):
+    plain = dataclasses.replace(TURN, harness=False)
+    stats = build_traces([episode()], dataclasses.replace(plain, valid_share=0.0), tmp_path)
+    rows = [json.loads(x) for x in (tmp_path / "train.jsonl").read_text().splitlines()]
+    assert {n for n, _ in _calls(rows)} == {"act"} and len(rows) == stats["steps"] == 9
+    assert all("Progress" not in r["prompt"][-1]["content"] and "Lessons" not in r["prompt"][-1]["content"]
+               for r in rows)
+    with pytest.raises(ValueError, match="needs traces.context: turn"):
+        TraceConfig(harness=False)
+
+
+def test_generic_episode_gets_task_level_meta_actions():
+    recs = [{"game": "generic/ep1", "task_type": "generic", "episode_id": "ep1", "step": 0,
+             "observation": "A shell.\n\nYour task is to: list files", "admissible_commands": [], "action": None,
+             "action_source": None, "reward": 0.0, "done": False, "won": False, "perturbed": False},
+            {"game": "generic/ep1", "task_type": "generic", "episode_id": "ep1", "step": 1,
+             "observation": "a.txt b.txt", "admissible_commands": [], "action": "ls", "action_source": "agent",
+             "reward": 1.0, "done": True, "won": True, "perturbed": False}]
+    row = Teacher(TURN).annotate(Episode("ep1", "generic/ep1", "generic", recs))
+    assert [n for n, _ in _calls(row["turns"])] == ["recall", "commit", "act", "note"]
+    assert row["meta_actions"] == {"track": 0, "commit": 1, "recall": 1, "note": 1}
+    assert _calls(row["turns"])[-1][1]["lesson"] == "list files: won in 1 steps"
+
+
+@pytest.fixture(scope="module")
+def turn_traces(tmp_path_factory, tiny_logs):
+    out, _ = tiny_logs
+    eps = parse_lines((out / "logs" / "shard-00000.jsonl").read_text().splitlines(), "shard")
+    d = tmp_path_factory.mktemp("turn_traces")
+    build_traces(eps, dataclasses.replace(TURN, valid_share=0.0), d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def turn_model(tmp_path_factory, turn_traces):
+    return build_default_model(TINY_MODEL, turn_traces / "train.jsonl", tmp_path_factory.mktemp("turn_base"))
+
+
+def test_sft_on_turn_examples_trains_completions_and_records_the_layout(tmp_path, turn_traces, turn_model):
+    spec = {"model_path": turn_model, "train_file": str(turn_traces / "train.jsonl"), "output_dir": str(tmp_path),
+            "sft": dataclasses.asdict(SFTStageConfig(max_steps=2, per_device_train_batch_size=4, logging_steps=1,
+                                                     sampling="group_by_length", bf16=True)),
+            "layout": layout_of(TURN)}
+    out = accelerate_launch("evoharness.sft", spec, tmp_path, num_processes=1)
+    assert out["global_step"] == 2 and out["first_loss"] > 0 and out["tokens_seen"] > 0
+    model, _ = load_policy(out["final_path"])
+    assert model.config.evoharness_layout == layout_of(TURN)
+
+
+class RecordingEnv:
+    """A real ALFWorld game that checks every executed command against the admissible list of that state."""
+
+    def __init__(self, env):
+        self.env, self.game, self.task_type = env, env.game, env.task_type
+        self.admissible, self.commands = [], []
+
+    def reset(self, seed=0):
+        res = self.env.reset(seed)
+        self.admissible = res.admissible_commands
+        return res
+
+    def step(self, command):
+        assert command in self.admissible, f"{command!r} not admissible"
+        self.commands.append(command)
+        res = self.env.step(command)
+        self.admissible = res.admissible_commands
+        return res
+
+
+@pytest.mark.parametrize("game", list_games("valid_seen", limit=2, stride=70))
+def test_score_decoding_only_executes_admissible_commands(game, turn_model):
+    model, tok = load_policy(turn_model)  # untrained: its free text is mostly malformed, the worst case
+    policy = LMPolicy(model, tok, max_new_tokens=24, context="turn", decoding="score")
+    env = RecordingEnv(ALFWorldEnv(game, max_steps=20, expert=False))
+    ws = Workspace.from_config(ExperienceStore(), "t", TURN)
+    res = run_episode(env, policy, ws, CostConfig(), max_env_steps=6, max_meta_actions=2, view=turn_view(TURN))
+    env.env.close()
+    assert res.env_steps == len(env.commands) > 0 and res.remapped == 0
+    assert policy.scored >= res.env_steps  # every command came from scoring (the closing note turn may add one)
+
+
+def test_score_decoding_needs_the_turn_context(turn_model):
+    model, tok = load_policy(turn_model)
+    with pytest.raises(ValueError, match="turn context"):
+        LMPolicy(model, tok, decoding="score")
+
+
+def test_turn_view_reads_the_task_from_the_first_observation():
+    view = TurnView(harness=False)
+    view.start("Room.\n\nYour task is to: put a mug in cabinet.")
+    view.record_act("go to cabinet 1", "Nothing happens.")
+    assert view.prompt()[-1]["content"] == ("Task: put a mug in cabinet.\nRecent: go to cabinet 1 (nothing happened)\n"
+                                            "Observation: Nothing happens.")
