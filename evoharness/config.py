@@ -156,6 +156,13 @@ class SFTStageConfig:
 
     ``sampling`` is transformers' ``train_sampling_strategy``: ``random``, or ``group_by_length`` (batches of
     similar length: less padding, which matters on CPU with many short per-turn examples).
+
+    Large pretrained models (``model.path``, e.g. ``Qwen/Qwen3-8B`` on GPUs) are set up here, not in code:
+    ``model_dtype`` (the weights' dtype when loaded: ``bfloat16`` on GPUs), ``bf16`` (mixed precision; on CPUs with
+    AVX512-BF16 it is autocast), ``gradient_checkpointing``, and LoRA through peft when ``lora_r`` > 0 (TRL's
+    ``SFTTrainer(peft_config=LoraConfig(...))``; the adapter is merged into the saved final model so later stages load
+    a plain model folder). ``accelerate_config``: the Accelerate config file (empty: ``accelerate/cpu_<n>proc.yaml``
+    for ``num_processes``; ``accelerate/fsdp_gpu.yaml`` for multi-GPU FSDP).
     """
 
     num_train_epochs: float = 3.0
@@ -170,6 +177,13 @@ class SFTStageConfig:
     num_processes: int = 1
     sampling: str = "random"
     bf16: bool = False
+    model_dtype: str = "float32"
+    gradient_checkpointing: bool = False
+    lora_r: int = 0
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    lora_target_modules: str = "all-linear"
+    accelerate_config: str = ""
     seed: int = 0
 
 

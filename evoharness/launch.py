@@ -20,16 +20,25 @@ def accelerate_config(num_processes: int) -> Path:
 
 
 def accelerate_launch(module: str, spec: dict, workdir: str | Path, num_processes: int = 1,
-                      env: dict | None = None) -> dict:
+                      env: dict | None = None, config_file: str | Path | None = None) -> dict:
     """Write ``spec`` to ``workdir/spec.json``, run ``accelerate launch -m module --spec ...``, return its
     ``workdir/result.json``. Output streams to this process's stdout (progress bars included).
+
+    ``config_file``: an Accelerate config (relative paths from the repo root, e.g. ``accelerate/fsdp_gpu.yaml``);
+    default: the repo's CPU config for ``num_processes``.
 
     Raises RuntimeError with the exit code and the command when the child fails.
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "spec.json").write_text(json.dumps(spec, indent=1))
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(accelerate_config(num_processes)),
+    if config_file:
+        config = Path(config_file) if Path(config_file).is_absolute() else ACCELERATE_DIR.parent / config_file
+        if not config.exists():
+            raise FileNotFoundError(f"Accelerate config {config} not found (sft.accelerate_config)")
+    else:
+        config = accelerate_config(num_processes)
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
            "-m", module, "--spec", str(workdir / "spec.json")]
     child_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                  "PYTHONPATH": os.pathsep.join([str(ACCELERATE_DIR.parent), os.environ.get("PYTHONPATH", "")]),

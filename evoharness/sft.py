@@ -48,7 +48,15 @@ def train_sft(model_path: str, train_file: str, output_dir: str, cfg: SFTStageCo
     if len(train) == 0:
         raise ValueError(f"{train_file}: no traces to train on")
     valid = load_trace_dataset(valid_file) if valid_file and Path(valid_file).stat().st_size else None
-    model, tokenizer = load_policy(model_path)
+    import torch
+
+    model, tokenizer = load_policy(model_path, dtype=cfg.model_dtype)
+    peft_config = None
+    if cfg.lora_r > 0:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                                 target_modules=cfg.lora_target_modules, task_type="CAUSAL_LM")
     ckpt_dir = Path(output_dir) / "checkpoints"
     args = SFTConfig(
         output_dir=str(ckpt_dir), assistant_only_loss="messages" in train.column_names, max_length=cfg.max_length,
@@ -56,21 +64,27 @@ def train_sft(model_path: str, train_file: str, output_dir: str, cfg: SFTStageCo
         per_device_train_batch_size=cfg.per_device_train_batch_size,
         gradient_accumulation_steps=cfg.gradient_accumulation_steps, learning_rate=cfg.learning_rate,
         lr_scheduler_type="cosine", warmup_steps=cfg.warmup_ratio, logging_steps=cfg.logging_steps,
-        save_steps=cfg.save_steps, save_total_limit=2, seed=cfg.seed, use_cpu=True, bf16=cfg.bf16,
+        save_steps=cfg.save_steps, save_total_limit=2, seed=cfg.seed, use_cpu=not torch.cuda.is_available(), bf16=cfg.bf16,
+        gradient_checkpointing=cfg.gradient_checkpointing,
         report_to=["mlflow"] if os.environ.get("MLFLOW_RUN_ID") else "none",
         eval_strategy="epoch" if valid is not None else "no",
         per_device_eval_batch_size=cfg.per_device_train_batch_size,
         dataloader_num_workers=0, disable_tqdm=False, train_sampling_strategy=cfg.sampling,
         include_num_input_tokens_seen="non_padding",
     )
-    trainer = SFTTrainer(model=model, args=args, train_dataset=train, eval_dataset=valid, processing_class=tokenizer)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=train, eval_dataset=valid, processing_class=tokenizer,
+                         peft_config=peft_config)
     last = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.exists() else None
     result = trainer.train(resume_from_checkpoint=last)
     final = Path(output_dir) / "final"
+    final_model = trainer.model.merge_and_unload() if peft_config is not None else trainer.model
     if layout:
-        trainer.model.config.evoharness_layout = layout
+        final_model.config.evoharness_layout = layout
     if trainer.accelerator.is_main_process:
-        trainer.save_model(str(final))
+        if peft_config is not None:
+            final_model.save_pretrained(str(final))
+        else:
+            trainer.save_model(str(final))
         tokenizer.save_pretrained(str(final))
     history = [h for h in trainer.state.log_history if "loss" in h]
     return {"final_path": str(final), "global_step": trainer.state.global_step,

@@ -87,7 +87,8 @@ def sft_task(cfg: PipelineConfig, traces: dict, work_dir: str, parent_run_id: st
             "sft": dataclasses.asdict(cfg.sft),
             "layout": layout_of(cfg.traces),
         }
-        result = accelerate_launch("evoharness.sft", spec, out, cfg.sft.num_processes, _child_env(run.info.run_id))
+        result = accelerate_launch("evoharness.sft", spec, out, cfg.sft.num_processes, _child_env(run.info.run_id),
+                                   config_file=cfg.sft.accelerate_config or None)
         model, _ = load_policy(result["final_path"])
         result["parameters"] = num_parameters(model)
         mlflow.log_metrics(

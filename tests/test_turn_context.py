@@ -152,3 +152,15 @@ def test_turn_view_reads_the_task_from_the_first_observation():
     view.record_act("go to cabinet 1", "Nothing happens.")
     assert view.prompt()[-1]["content"] == ("Task: put a mug in cabinet.\nRecent: go to cabinet 1 (nothing happened)\n"
                                             "Observation: Nothing happens.")
+
+
+def test_lora_through_peft_is_set_by_config_and_merged_into_the_final_model(tmp_path, turn_traces, turn_model):
+    spec = {"model_path": turn_model, "train_file": str(turn_traces / "train.jsonl"), "output_dir": str(tmp_path),
+            "sft": dataclasses.asdict(SFTStageConfig(max_steps=1, per_device_train_batch_size=2, lora_r=4,
+                                                     lora_alpha=8, gradient_checkpointing=True))}
+    out = accelerate_launch("evoharness.sft", spec, tmp_path, num_processes=1)
+    assert out["global_step"] == 1
+    merged, _ = load_policy(out["final_path"])  # a plain model folder: no adapter left to load
+    base, _ = load_policy(turn_model)
+    assert type(merged).__name__ == "Qwen3ForCausalLM" and not (tmp_path / "final" / "adapter_config.json").exists()
+    assert sum(p.numel() for p in merged.parameters()) == sum(p.numel() for p in base.parameters())
