@@ -23,7 +23,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
 export PYTHONUNBUFFERED := 1
 export PREFECT_RESULTS_LOCAL_STORAGE_PATH ?= $(CURDIR)/runs/prefect-results
 
-.PHONY: run test venv data clean-runs deploy deploy-stop evaluate lineage
+.PHONY: run test venv data clean-runs deploy deploy-stop evaluate lineage collect
 
 run: venv data
 	$(PY) -m flows.pipeline $(ARGS)
@@ -36,6 +36,11 @@ test: venv data
 #   make lineage ARGS="models:/evoharness-policy@champion"
 evaluate: venv data
 	$(PY) -m flows.evaluate $(ARGS)
+
+# Collection alone (check out, pull, regenerate or collect a profile's logs, then dvc push):
+#   make collect ARGS="--profile full"
+collect: venv data
+	$(PY) -m flows.collect $(ARGS)
 
 lineage: venv
 	$(PY) -m evoharness.lineage $(ARGS)

@@ -154,7 +154,9 @@ def collect(games: list[str], out_dir: str | Path, cfg: CollectConfig, data_dir:
     episode is duplicated or lost; the partial folder is removed once the shards are written. Workers are recycled
     every ``cfg.games_per_worker`` games (TextWorld's reset leaks). ``progress`` is called as
     ``progress(done, total, episodes_per_min, eta_s)``. Returns the manifest (episodes, steps, won, failed,
-    settings) plus ``wall_s`` and ``resumed`` (episodes found from an earlier run).
+    settings) plus ``wall_s``, ``resumed`` (episodes found from an earlier run) and ``worker_stats``: per episode, in
+    completion order, the worker's pid, how many episodes it had played, the episode's wall seconds, and the worker's
+    resident and peak memory in MiB (not in the manifest: the logs' bytes stay independent of timing).
     """
     out = Path(out_dir)
     partial = partial_dir(out, cfg)

@@ -162,8 +162,10 @@ def _ensure(repo: Path, cfg: CollectConfig, games: list[str], data_dir: str | No
         shutil.rmtree(aside, ignore_errors=True)
         data.rename(aside)
         raise DataVersionMismatch(
-            f"{dvc_file.name} names md5 {committed} but the logs regenerated with profile settings {manifest['settings']} "
+            f"{dvc_file.name} names md5 {committed} but the logs regenerated with profile settings "
+            f"{manifest['settings']} "
             f"have md5 {md5}. The committed data version was made with other collection settings: run with the "
             f"profile that made it, restore data/ from a DVC cache or remote (dvc pull), or commit a new "
-            f"{dvc_file.name} on purpose. {dvc_file.name} was left unchanged; the regenerated logs were moved to {aside}.")
+            f"{dvc_file.name} on purpose. {dvc_file.name} was left unchanged; the regenerated logs were moved to "
+            f"{aside}.")
     return {"status": "regenerated" if committed else "collected", "md5": md5, "manifest": manifest}

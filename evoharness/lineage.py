@@ -55,7 +55,8 @@ def resolve_data(repo: str | Path, tags: dict) -> tuple[str, list[tuple[str, int
         except FileNotFoundError:
             continue
     if rev is None:
-        raise LineageError(f"no git rev among {revs} of {repo} has a {dvc_file} naming md5 {want}; the data version was "
+        raise LineageError(f"no git rev among {revs} of {repo} has a {dvc_file} naming md5 {want}; the data version "
+                           f"was "
                            f"never committed here (check out the repository this model was trained from)")
     try:
         episodes, md5 = read_episodes(repo, rev, f"{data_path}/logs")

@@ -12,7 +12,6 @@ import torch
 
 from evoharness.agent import Decision, parse_tool_call
 
-
 EMPTY_THINK = "<think>\n\n</think>\n\n"  # what the Qwen3 training template puts before every assistant turn
 ACT_PREFIX = '<tool_call>\n{"name": "act", "arguments": {"command": "'
 COMMAND_OPEN = '"command": "'

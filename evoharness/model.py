@@ -44,8 +44,9 @@ def train_tokenizer(texts, vocab_size: int):
 
 
 def build_default_model(cfg: ModelConfig, trace_file: str | Path, out_dir: str | Path) -> str:
-    """Train the tokenizer on the rendered traces of ``trace_file`` (either context layout) and build a randomly initialised
-    ``Qwen3ForCausalLM`` from ``cfg``; save both with ``save_pretrained`` under ``out_dir``. Returns the path."""
+    """Train the tokenizer on the rendered traces of ``trace_file`` (either context layout) and build a randomly
+    initialised ``Qwen3ForCausalLM`` from ``cfg``; save both with ``save_pretrained`` under ``out_dir``. Returns the
+    path."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 

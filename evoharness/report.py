@@ -62,7 +62,8 @@ def print_summary(s: dict) -> None:
         print(f"{'All':<10}{s['episodes']:>9}{s['success_rate']:>8.3f}{p['success_rate']:>8.3f}")
         print(f"mean steps {s['mean_steps']:.1f} (SFT {p['mean_steps']:.1f}); generated tokens/episode "
               f"{s['generated_tokens_per_episode']:.0f} (SFT {p['generated_tokens_per_episode']:.0f})")
-        print(f"\n{'meta-action':<12}{'GRPO first':>11}{'GRPO last':>11}{'eval GRPO':>11}{'eval SFT':>10}   (per episode)")
+        print(f"\n{'meta-action':<12}{'GRPO first':>11}{'GRPO last':>11}{'eval GRPO':>11}{'eval SFT':>10}"
+              "   (per episode)")
         g = s["grpo_meta_actions_per_episode"]
         for m in META_ACTIONS:
             print(f"{m:<12}{g['first_step'][m]:>11.2f}{g['last_step'][m]:>11.2f}"

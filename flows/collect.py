@@ -1,6 +1,7 @@
-"""Collection alone: make ``data/`` hold the raw logs of a profile (collect, or regenerate what data.dvc names).
+"""Collection alone: make ``<collect.path>/`` hold the raw logs of a profile (check out, pull from the default DVC
+remote, regenerate what its ``.dvc`` file names, or collect and ``dvc add``), then ``dvc push``.
 
-    python -m flows.collect [--profile NAME]
+    python -m flows.collect [--profile NAME]        # e.g. --profile full: all 3,553 train games into data-full/
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ REPO = str(Path(__file__).resolve().parent.parent)
 
 @flow(name="evoharness-collect")
 def collect_flow(profile: str = "default", repo: str = REPO) -> dict:
-    """Run the collect stage under its own MLflow run; returns ``{"status", "md5"}``."""
+    """Run the collect stage under its own MLflow run; returns ``{"status", "md5", "pushed"}``."""
     cfg = load_profile(profile)
     with pipeline_run("collect", cfg, repo, None) as run:
         return collect_task(cfg, repo, run.info.run_id)

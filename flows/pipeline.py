@@ -93,7 +93,8 @@ def pipeline(profile: str = "default", data_rev: str | None = None, split: str |
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description="Run the EvoHarness pipeline on the embedded default model.")
     p.add_argument("--profile", default="default", help="profiles/<NAME>.yaml (default: default)")
-    p.add_argument("--data-rev", default=None, help="git rev whose <collect.path>.dvc names the logs (default: workspace)")
+    p.add_argument("--data-rev", default=None,
+                   help="git rev whose <collect.path>.dvc names the logs (default: workspace)")
     p.add_argument("--split", default=None, help="evaluation split (default: the profile's, valid_seen)")
     p.add_argument("--limit", type=int, default=None, help="evaluate N games evenly spaced over the split (0 = all)")
     p.add_argument("--until", default="grpo", choices=["sft", "grpo"], help="last training stage (default: grpo)")

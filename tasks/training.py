@@ -15,9 +15,9 @@ from prefect import get_run_logger, task
 
 from evoharness.alfworld_env import list_games
 from evoharness.config import PipelineConfig
+from evoharness.context import layout_of
 from evoharness.harness import ExperienceStore
 from evoharness.launch import accelerate_launch
-from evoharness.context import layout_of
 from evoharness.model import build_default_model, load_policy, num_parameters
 from evoharness.plots import annealing_figure
 from evoharness.tracking import start_run
