@@ -126,7 +126,9 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
     and the rendered workspace after it.
 
     ``view``: the ``turn`` context (``evoharness.context.TurnView``); each turn's prompt is then passed to the policy
-    as ``state["turn_messages"]``.
+    as ``state["turn_messages"]``, and ``state["force_act"]`` is set when the prompt is the previous turn's (a repeated
+    call that changed nothing: a deterministic policy would loop). Without harness (the plain baseline) the episode
+    ends with its last command: there is no closing note turn.
     """
     from evoharness.timeouts import call_with_timeout
 
@@ -144,9 +146,14 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
         view.start(res.observation)
     policy.start(messages, TOOLS)
     finished = False
+    previous_prompt = None
     for _turn in range(max_env_steps + max_meta_actions + 2):
+        prompt = view.prompt(workspace.render()) if view is not None else None
         state = {"admissible_commands": res.admissible_commands, "expert_action": res.expert_action,
-                 "turn_messages": view.prompt(workspace.render()) if view is not None else None}
+                 "turn_messages": prompt,
+                 # a turn that left the prompt as it was would be answered the same way again: act instead
+                 "force_act": prompt is not None and prompt == previous_prompt and not finished}
+        previous_prompt = prompt
         cost_before = workspace.usage.cost(cost_cfg)
         tokens_before = getattr(policy, "generated_tokens", 0)
         dec = policy.decide(state)
@@ -159,7 +166,7 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
         entry = {"turn": dec.name or "malformed", "args": dec.args, "generated_tokens":
                  workspace.usage.generated_tokens - tokens_before}
         if finished:  # the last turn: only a note is executed
-            if dec.name == "note":
+            if dec.name == "note" and (view is None or view.harness):
                 entry["result"], entry["ok"] = workspace.call("note", dec.args, env_steps)
                 transcript.append(_close(entry, workspace, cost_cfg, cost_before))
             break
@@ -176,6 +183,8 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
             malformed += 1
             text = f"error: unknown tool {dec.name!r}; call act or one of {list(META_ACTIONS)}"
             entry.update(result=text, ok=False)
+            if view is not None:
+                view.record_error(text)
         else:
             command = str(dec.args.get("command", dec.text)) if dec.name == "act" else dec.text
             chosen = closest_admissible(command.strip(), res.admissible_commands)
@@ -192,6 +201,10 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
             finished = res.done or env_steps >= max_env_steps
             if view is not None:
                 view.record_act(chosen, final_observation(text, won) if finished else text)
+                if finished and not view.harness:
+                    transcript.append(_close(entry, workspace, cost_cfg, cost_before))
+                    ws_tokens.append(len(tokens(entry["workspace"])))
+                    break  # the plain baseline has no closing note turn
         transcript.append(_close(entry, workspace, cost_cfg, cost_before))
         ws_tokens.append(len(tokens(entry["workspace"])))
         policy.observe(final_observation(text, won) if finished else text)

@@ -181,8 +181,8 @@ def collect(games: list[str], out_dir: str | Path, cfg: CollectConfig, data_dir:
                     rate = finished / max(time.time() - t0, 1e-9) * 60
                     progress(len(done) + finished, len(games), rate, (len(todo) - finished) / max(rate / 60, 1e-9))
     saved = [json.loads((partial / name[g]).read_text()) for g in games]
-    ordered = [s["records"] for s in saved]
-    workers_stats = sorted((s["worker"] for s in saved), key=lambda w: w["order"])
+    ordered = [s["records"] if isinstance(s, dict) else s for s in saved]  # a list: written before worker stats
+    workers_stats = sorted((s["worker"] for s in saved if isinstance(s, dict)), key=lambda w: w["order"])
     (out / "logs").mkdir(parents=True, exist_ok=True)
     for shard, start in enumerate(range(0, len(ordered), cfg.shard_size)):
         lines = [json.dumps(r, sort_keys=True) for ep in ordered[start:start + cfg.shard_size] for r in ep]

@@ -46,6 +46,7 @@ class TurnView:
         self.actions: list[str] = []
         self.observation = ""
         self.lessons: str | None = None
+        self.last_call: str | None = None
 
     def start(self, observation: str) -> None:
         """The episode's first observation (the room and the task)."""
@@ -57,11 +58,19 @@ class TurnView:
         """An executed environment command and what the environment answered."""
         self.actions.append(command + (" (nothing happened)" if observation.strip() == NOTHING else ""))
         self.observation = observation
+        self.last_call = None
 
     def record_meta(self, name: str, result: str, ok: bool) -> None:
-        """An executed meta-action; only ``recall``'s result is shown again (Belief/Progress show in the render)."""
+        """A meta-action call and its result (or error), shown as the ``Last call:`` line until the next command;
+        ``recall``'s lessons stay shown for the rest of the episode (Belief and Progress show in the render)."""
         if name == "recall" and ok:
             self.lessons = result
+        self.last_call = f"{name} -> {result.splitlines()[0] if result else ''}" if name != "recall" or not ok \
+            else "recall -> lessons above"
+
+    def record_error(self, text: str) -> None:
+        """A turn that was neither a command nor a meta-action (e.g. an unknown tool): its error is the last call."""
+        self.last_call = text
 
     def user_text(self, workspace_render: str) -> str:
         """The user message of this turn. ``workspace_render``: ``Workspace.render()`` (ignored without harness)."""
@@ -70,9 +79,12 @@ class TurnView:
             lines.append(workspace_render or "Workspace: empty")
             if self.lessons is not None:
                 lines.append("Lessons: " + self.lessons.replace("\n", " | "))
-        if self.actions:
-            lines.append("Recent: " + " | ".join(self.actions[-self.recent_actions:]))
+        recent = self.actions[-self.recent_actions:] if self.recent_actions > 0 else []
+        if recent:
+            lines.append("Recent: " + " | ".join(recent))
         lines.append(f"Observation: {self.observation}")
+        if self.last_call is not None:
+            lines.append(f"Last call: {self.last_call}")
         return "\n".join(lines)
 
     def prompt(self, workspace_render: str = "") -> list[dict]:

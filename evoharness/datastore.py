@@ -112,12 +112,17 @@ def ensure_data(repo: str | Path, cfg: CollectConfig, games: list[str], data_dir
 
     Returns ``{"status", "md5", "manifest", "pushed"}``: status is present, added, checked_out, pulled, regenerated
     or collected; ``pushed`` is the number of files ``dvc push`` sent (None when no default remote is configured
-    or ``push`` is false). Raises DataVersionMismatch when regenerated logs do not match the ``.dvc`` file, and
-    RuntimeError when the push fails.
+    or ``push`` is false) and ``push_error`` the reason a push failed (the data is then only in the local cache; the
+    next run pushes again). Raises DataVersionMismatch when regenerated logs do not match the ``.dvc`` file.
     """
     repo = Path(repo)
     out = _ensure(repo, cfg, games, data_dir, progress)
-    out["pushed"] = dvc_push(repo, cfg.path) if push and default_remote(repo) else None
+    out["pushed"] = None
+    if push and default_remote(repo):
+        try:
+            out["pushed"] = dvc_push(repo, cfg.path)
+        except RuntimeError as exc:  # the version is committed locally either way; the next run pushes again
+            out["push_error"] = str(exc)
     return out
 
 

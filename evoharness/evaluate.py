@@ -44,8 +44,11 @@ def make_policy(policy: str, cfg: EvalConfig, cache_dir: str | Path, workspace_c
     from evoharness.lm_policy import LMPolicy
     from evoharness.model import load_policy
 
-    model, tokenizer = load_policy(resolve_model_path(policy, cache_dir))
-    model.eval()
+    import torch
+
+    on_gpu = torch.cuda.is_available()
+    model, tokenizer = load_policy(resolve_model_path(policy, cache_dir), dtype="bfloat16" if on_gpu else "float32")
+    model.to("cuda" if on_gpu else "cpu").eval()
     from evoharness.harness import TOOLS
 
     wcfg = with_layout(workspace_cfg or TraceConfig(), model.config)
@@ -136,7 +139,8 @@ def evaluate(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig, o
                          f"{rate:.1f} episodes/min, ETA {(len(games) - i - 1) / max(rate, 1e-9):.1f} min")
     summary = summarize(results, split, games_total or len(games))
     summary["policy"] = policy
-    summary["decoding"] = cfg.decoding if hasattr(pol, "decoding") else None
+    summary["decoding"] = getattr(pol, "decoding", None)
+    summary["forced_acts"] = getattr(pol, "forced", 0)
     summary["context"] = wcfg.context
     summary["wall_s"] = time.time() - t0
     return summary

@@ -15,7 +15,7 @@ from evoharness.agent import Decision, parse_tool_call
 EMPTY_THINK = "<think>\n\n</think>\n\n"  # what the Qwen3 training template puts before every assistant turn
 ACT_PREFIX = '<tool_call>\n{"name": "act", "arguments": {"command": "'
 COMMAND_OPEN = '"command": "'
-COMMAND_CLOSE = '"}}'
+COMMAND_CLOSE = '"}}\n</tool_call>'
 
 
 class LMPolicy:
@@ -33,11 +33,15 @@ class LMPolicy:
             is the admissible one with the highest log-likelihood, closing quote included; malformed output is
             scored as an ``act`` call too. Every executed command is then admissible by construction.
         tools: the tool schemas rendered into a ``turn`` prompt (None: left out, ``TraceConfig.tools_in_prompt``).
+        chunk: candidates scored per forward pass.
+
+    In the ``turn`` context with ``score`` decoding, ``state["force_act"]`` (set by ``run_episode`` when a turn left
+    the prompt unchanged) skips generation and scores the admissible commands right away (counted in ``forced``).
     """
 
     def __init__(self, model, tokenizer, max_new_tokens: int = 48, temperature: float = 0.0,
                  max_context: int | None = None, context: str = "history", decoding: str = "remap",
-                 tools: list[dict] | None = None):
+                 tools: list[dict] | None = None, chunk: int = 16):
         if decoding == "score" and context != "turn":
             raise ValueError("decoding 'score' needs the turn context (traces.context: turn)")
         self.model, self.tok = model, tokenizer
@@ -45,8 +49,9 @@ class LMPolicy:
         self.temperature = temperature
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", 4096)
         self.end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        self.context, self.decoding, self.tools = context, decoding, tools
+        self.context, self.decoding, self.tools, self.chunk = context, decoding, tools, chunk
         self.scored = 0
+        self.forced = 0
 
     def start(self, messages: list[dict], tools: list[dict]) -> None:
         self.generated_tokens = 0
@@ -114,6 +119,10 @@ class LMPolicy:
             self.truncated = True
             return Decision(None, {}, malformed=True, text="look")
         score = self.decoding == "score" and bool(state.get("admissible_commands"))
+        if score and state.get("force_act"):  # the previous call changed nothing: act, scored as usual
+            self.forced += 1
+            prefix = self.tok(EMPTY_THINK + ACT_PREFIX, add_special_tokens=False)["input_ids"]
+            return self._score_act(ids + prefix, state["admissible_commands"], "")
         gen = self._generate(ids, [COMMAND_OPEN] if score else None)
         self.generated_tokens += len(gen)
         out = self.tok.decode(gen, skip_special_tokens=False)
@@ -132,23 +141,28 @@ class LMPolicy:
 
     def _score_act(self, context: list[int], admissible: list[str], generated: str) -> Decision:
         """The admissible command with the highest summed log-probability after ``context`` (which ends where
-        the command string opens), scored with its closing ``"}}`` so a prefix ("cabinet 1") does not win over
-        the full name ("cabinet 10"). One batched forward pass over all candidates."""
+        the command string opens), scored with the call's closing ``"}}\n</tool_call>`` so that a prefix
+        ("cabinet 1") does not win over the full name ("cabinet 10") and the closing tokens are the ones training
+        saw. Forward passes over ``chunk`` candidates at a time, keeping only the logits of the candidate positions
+        (``logits_to_keep``): memory is chunk x candidate length x vocabulary, not x context length."""
         cands = [self.tok(c + COMMAND_CLOSE, add_special_tokens=False)["input_ids"] for c in admissible]
-        width = len(context) + max(len(c) for c in cands)
-        pad = self.tok.pad_token_id
-        batch = torch.full((len(cands), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(cands), width), dtype=torch.long)
-        for i, c in enumerate(cands):
-            seq = context + c
-            batch[i, :len(seq)] = torch.tensor(seq)
-            mask[i, :len(seq)] = 1
-        logits = self.model(input_ids=batch.to(self.model.device), attention_mask=mask.to(self.model.device)).logits
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        scores = []
-        for i, c in enumerate(cands):
-            pos = torch.arange(len(context) - 1, len(context) - 1 + len(c))
-            scores.append(logp[i, pos, torch.tensor(c)].sum().item())
+        scores: list[float] = []
+        for start in range(0, len(cands), self.chunk):
+            part = cands[start:start + self.chunk]
+            longest = max(len(c) for c in part)
+            width = len(context) + longest
+            batch = torch.full((len(part), width), self.tok.pad_token_id, dtype=torch.long)
+            mask = torch.zeros((len(part), width), dtype=torch.long)
+            for i, c in enumerate(part):
+                batch[i, :width - longest + len(c)] = torch.tensor(context + c)
+                mask[i, :width - longest + len(c)] = 1
+            keep = longest + 1  # logits at positions len(context)-1 .. width-1 predict the candidate tokens
+            logits = self.model(input_ids=batch.to(self.model.device), attention_mask=mask.to(self.model.device),
+                                logits_to_keep=keep).logits
+            logp = torch.log_softmax(logits.float(), dim=-1)
+            for i, c in enumerate(part):
+                pos = torch.arange(0, len(c))
+                scores.append(logp[i, pos, torch.tensor(c)].sum().item())
         best = max(range(len(cands)), key=scores.__getitem__)
         self.generated_tokens += len(cands[best])
         self.scored += 1

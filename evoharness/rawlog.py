@@ -217,5 +217,5 @@ def read_episodes(repo: str | Path, rev: str | None = None, path: str = "data/lo
             episodes.extend(parse_generic_lines(lines, shard, quarantine))
         else:
             episodes.extend(parse_lines(lines, shard, quarantine))
-    md5 = dvc_md5(repo, rev, f"{Path(path).parts[0]}.dvc")
+    md5 = dvc_md5(repo, rev, f"{Path(path).parent}.dvc")
     return episodes, md5 or ""

@@ -96,12 +96,19 @@ class Teacher:
             turns.append({"prompt": view.prompt(ws.render()), "completion": [call]})
 
         def meta(name: str, args: dict, step: int) -> None:
+            if not cfg.harness:  # the plain baseline: no meta-action anywhere, nothing in Experience
+                return
             call = tool_call_message(name, args)
-            if cfg.harness:
-                example(call)
+            example(call)
             result, ok = ws.call(name, args, step)
             msgs.extend([call, {"role": "tool", "content": result}])
             view.record_meta(name, result, ok)
+
+        def track(entity: str, attribute: str, value: str, step: int) -> None:
+            """Track a fact unless Belief already holds exactly it (a repeated call would change nothing)."""
+            fact = ws.belief.get((entity, attribute))
+            if fact is None or fact.value != value:
+                meta("track", {"entity": entity, "attribute": attribute, "value": value}, step)
 
         try:
             obj = task_params_from_path(ep.game)["object_target"].lower()
@@ -130,15 +137,18 @@ class Teacher:
             for name in watched:
                 for oid, where in _seen_objects(obs, name):
                     if (oid, "location") not in ws.belief or ws.belief[(oid, "location")].value != where:
-                        meta("track", {"entity": oid, "attribute": "location", "value": where}, step)
+                        track(oid, "location", where, step)
                         found_at = found_at or (where if name == obj else None)
             m = re.match(rf"You pick up the ({obj} \d+)", obs) if obj else None
             if m:
-                meta("track", {"entity": m.group(1), "attribute": "location", "value": "inventory"}, step)
+                track(m.group(1), "location", "inventory", step)
             for verb, state in _EFFECTS.items():
                 m = re.match(rf"You {verb} the ({obj} \d+)", obs) if obj else None
                 if m:
-                    meta("track", {"entity": m.group(1), "attribute": "state", "value": state}, step)
+                    track(m.group(1), "state", state, step)
+            m = re.match(rf"You move the ({obj} \d+) to the ([a-z]+ \d+)", obs) if obj else None
+            if m:  # placed (the first of two, in pick_two): no longer in the inventory
+                track(m.group(1), "location", m.group(2), step)
             while next_goal < len(plan) and re.search(plan[next_goal][2], obs):
                 gid, text, _ = plan[next_goal]
                 deps = [plan[next_goal - 1][0]] if next_goal else []

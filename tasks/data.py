@@ -47,10 +47,13 @@ def collect_task(cfg: PipelineConfig, repo: str, parent_run_id: str) -> dict:
                          "dvc_remote": datastore.default_remote(repo) or "none"})
         if out["pushed"] is not None:
             mlflow.log_metric("dvc_pushed_files", out["pushed"])
+        if out.get("push_error"):
+            mlflow.set_tag("dvc_push_error", out["push_error"][:500])
+            log.warning(out["push_error"])
         if out["manifest"]:
             m = out["manifest"]
             ws = m["worker_stats"]
-            played = [w for w in ws if w.get("wall_s") is not None]
+            played = [w for w in ws if w["order"] >= m["resumed"]]  # this run's episodes, not resumed ones
             mlflow.log_metrics(
                 {
                     "episodes": m["episodes"],
@@ -59,10 +62,11 @@ def collect_task(cfg: PipelineConfig, repo: str, parent_run_id: str) -> dict:
                     "perturbed": m["perturbed"],
                     "failed": len(m["failed"]),
                     "wall_s": m["wall_s"],
-                    "episodes_per_min": len(played) / max(m["wall_s"], 1e-9) * 60,
                     "worker_peak_rss_mb": max((w["peak_rss_mb"] for w in ws), default=0.0),
                 }
             )
+            if played:
+                mlflow.log_metric("episodes_per_min", len(played) / max(m["wall_s"], 1e-9) * 60)
             if ws:
                 mlflow.log_figure(memory_figure(ws), "worker_memory.png")
                 mlflow.log_text("".join(json.dumps(w) + "\n" for w in ws), "worker_stats.jsonl")

@@ -42,7 +42,8 @@ def test_turn_examples_show_the_workspace_the_teacher_built():
         "Belief: mug 1 location=cabinet 4\n"
         "Lessons: no lessons yet\n"
         "Recent: go to cabinet 4 | put mug 1 in cabinet 4 (nothing happened) | open cabinet 4\n"
-        "Observation: You open the cabinet 4. The cabinet 4 is open. In it, you see a mug 1.")
+        "Observation: You open the cabinet 4. The cabinet 4 is open. In it, you see a mug 1.\n"
+        "Last call: commit -> ok: find done")
     assert _calls(turns)[names.index("act", 6)] == ("act", {"command": "take mug 1 from cabinet 4"})
 
 
@@ -164,3 +165,39 @@ def test_lora_through_peft_is_set_by_config_and_merged_into_the_final_model(tmp_
     base, _ = load_policy(turn_model)
     assert type(merged).__name__ == "Qwen3ForCausalLM" and not (tmp_path / "final" / "adapter_config.json").exists()
     assert sum(p.numel() for p in merged.parameters()) == sum(p.numel() for p in base.parameters())
+
+
+def test_a_call_that_leaves_the_prompt_unchanged_forces_an_act():
+    """A deterministic policy repeating a call that changes nothing would loop until the turn budget; the loop flags
+    the repeated prompt and a scoring policy then acts (counted as ``forced``)."""
+    from evoharness.adapters import GymTextEnv
+    from evoharness.agent import Decision
+
+    class Repeater:
+        def __init__(self):
+            self.flags = []
+
+        def start(self, messages, tools):
+            pass
+
+        def decide(self, state):
+            self.flags.append(state["force_act"])
+            if state["force_act"]:
+                return Decision("act", {"command": state["admissible_commands"][0]})
+            return Decision("track", {"entity": "mug 1", "attribute": "location", "value": "cabinet 1"})
+
+        def observe(self, text):
+            pass
+
+    class Room:
+        def reset(self, seed=None):
+            return "You are in a room.\n\nYour task is to: find the mug.", {"admissible_commands": ["look"]}
+
+        def step(self, action):
+            return "You see nothing.", 0.0, True, {"admissible_commands": ["look"], "won": False}
+
+    pol = Repeater()
+    res = run_episode(GymTextEnv(Room()), pol, Workspace(ExperienceStore(), "r"), CostConfig(), max_env_steps=3,
+                      max_meta_actions=5, view=turn_view(TURN))
+    # track (new fact), track again (same Belief, same "Last call") -> flagged, act; then the closing turn
+    assert pol.flags[:3] == [False, False, True] and res.env_steps == 1 and res.meta_actions["track"] == 2
