@@ -41,10 +41,10 @@ def make_policy(policy: str, cfg: EvalConfig, cache_dir: str | Path, workspace_c
         return ExpertPolicy()
     if policy == "random":
         return RandomPolicy(cfg.seed)
+    import torch
+
     from evoharness.lm_policy import LMPolicy
     from evoharness.model import load_policy
-
-    import torch
 
     on_gpu = torch.cuda.is_available()
     model, tokenizer = load_policy(resolve_model_path(policy, cache_dir), dtype="bfloat16" if on_gpu else "float32")
