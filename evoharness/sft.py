@@ -78,15 +78,20 @@ def train_sft(model_path: str, train_file: str, output_dir: str, cfg: SFTStageCo
     last = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.exists() else None
     result = trainer.train(resume_from_checkpoint=last)
     final = Path(output_dir) / "final"
-    final_model = trainer.model.merge_and_unload() if peft_config is not None else trainer.model
-    if layout:
-        final_model.config.evoharness_layout = layout
-    if trainer.accelerator.is_main_process:
-        if peft_config is not None:
-            final_model.save_pretrained(str(final))
-        else:
-            trainer.save_model(str(final))
-        tokenizer.save_pretrained(str(final))
+    if peft_config is not None:  # LoRA runs under DDP (accelerate/ddp_gpu.yaml): every rank holds the whole model
+        trainer.accelerator.wait_for_everyone()
+        if trainer.accelerator.is_main_process:
+            merged = trainer.accelerator.unwrap_model(trainer.model).merge_and_unload()
+            if layout:
+                merged.config.evoharness_layout = layout
+            merged.save_pretrained(str(final))
+            tokenizer.save_pretrained(str(final))
+    else:
+        if layout:
+            trainer.model.config.evoharness_layout = layout
+        trainer.save_model(str(final))  # on every rank: under FSDP it gathers the full state dict, rank 0 writes
+        if trainer.accelerator.is_main_process:
+            tokenizer.save_pretrained(str(final))
     history = [h for h in trainer.state.log_history if "loss" in h]
     return {"final_path": str(final), "global_step": trainer.state.global_step,
             "train_loss": result.training_loss, "first_loss": history[0]["loss"] if history else None,
