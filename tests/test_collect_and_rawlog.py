@@ -90,6 +90,16 @@ def test_read_episodes_at_two_dvc_revisions(git_repo, tiny_logs):
     eps2, m2 = read_episodes(git_repo, "HEAD")
     assert (m1, m2) == (md5_v1, md5_v2) == (dvc_md5(git_repo, rev1), dvc_md5(git_repo))
     assert len(eps1) == 3 and len(eps2) == 2 and last not in {e.episode_id for e in eps2}
+    # the same rev gives byte-identical traces (equal content hash), the other rev a different hash
+    from evoharness.config import TraceConfig
+    from evoharness.traces import build_traces
+
+    h1 = build_traces(eps1, TraceConfig(), git_repo.parent / "t1")["content_hash"]
+    h1_again = build_traces(read_episodes(git_repo, rev1)[0], TraceConfig(), git_repo.parent / "t1b")["content_hash"]
+    h2 = build_traces(eps2, TraceConfig(), git_repo.parent / "t2")["content_hash"]
+    assert h1 == h1_again != h2
+    t1, t1b = git_repo.parent / "t1" / "train.jsonl", git_repo.parent / "t1b" / "train.jsonl"
+    assert t1.read_bytes() == t1b.read_bytes()
 
 
 def test_killed_collection_resumes_without_duplicates_or_losses(tmp_path, tiny_games, tiny_logs):
