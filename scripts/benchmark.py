@@ -43,13 +43,18 @@ def main(argv: list[str] | None = None) -> None:
         peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         print(f"collect  workers={workers}: {manifest['episodes']} episodes, {manifest['steps']} steps in {wall:.1f} s "
               f"= {manifest['episodes'] / wall * 60:.1f} episodes/min; peak RSS of a worker so far {peak_mb:.0f} MB")
+        stats = manifest["worker_stats"]
+        print(f"         worker memory after each episode: {min(w['rss_mb'] for w in stats):.0f}-"
+              f"{max(w['rss_mb'] for w in stats):.0f} MB, peak {max(w['peak_rss_mb'] for w in stats):.0f} MB")
     episodes = parse_lines(logs, "benchmark")
-    with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.time()
-        stats = build_traces(episodes, TraceConfig(), tmp)
-        wall = time.time() - t0
-    print(f"traces   {stats['episodes']} episodes in {wall:.2f} s = {stats['episodes'] / wall:.1f} episodes/s "
-          f"({stats['kept']} kept, {stats['workspace_tokens_mean']:.0f} rendered workspace tokens on average)")
+    for context in ("history", "turn"):
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.time()
+            stats = build_traces(episodes, TraceConfig(context=context), tmp)
+            wall = time.time() - t0
+        print(f"traces   {context:<8}{stats['episodes']} episodes in {wall:.2f} s = {stats['episodes'] / wall:.1f} "
+              f"episodes/s ({stats['kept']} kept, {stats['train_rows']} train rows, "
+              f"{stats['workspace_tokens_mean']:.0f} rendered workspace tokens on average)")
 
 
 if __name__ == "__main__":
