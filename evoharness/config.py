@@ -111,7 +111,8 @@ class TraceConfig:
             block, several hundred tokens per example); off for the embedded model, on for pretrained ones.
         drop_labels: ``turn`` context: commands that are never SFT targets (still shown as history): non-expert
             (random, invalid) commands of perturbed episodes always; and these expert commands: ALFWorld's expert
-            wrapper answers ``look`` whenever its own next command is not admissible (field notes: ~11 % of labels).
+            wrapper answers ``look`` (sometimes ``inventory``) whenever its own next command is not admissible (field
+            notes: ~11 % of labels).
     """
 
     won_only: bool = True
@@ -124,7 +125,7 @@ class TraceConfig:
     recent_actions: int = 8
     system_prompt: bool = False
     tools_in_prompt: bool = False
-    drop_labels: list[str] = field(default_factory=lambda: ["look"])
+    drop_labels: list[str] = field(default_factory=lambda: ["look", "inventory"])
 
     def __post_init__(self):
         if self.context not in ("history", "turn"):

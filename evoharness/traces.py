@@ -1,10 +1,12 @@
 """BPE trace construction: raw episodes -> chat conversations with meta-actions where a teacher would call them.
 
 The teacher reads an episode's raw steps and inserts, in the Qwen3 tool-call chat format the model trains on:
-- ``recall`` at task start, and again after two failed commands in a row ("Nothing happens.");
-- ``commit`` of the goal at start and of each subgoal when the observation shows it completed;
+- ``recall`` at task start (query: the task object), and again after two failed commands in a row
+  ("Nothing happens.");
+- ``commit`` of each subgoal, by id with its dependency, when the observation shows it completed;
 - ``track`` when an observation reveals where a task object is, or that it was picked up, cleaned, heated,
-  cooled or placed;
+  cooled or placed, and when it shows a receptacle's contents without a task object (``searched``), so the search
+  does not go back to it;
 - ``note`` at episode end, with a lesson (where the object was found; which command form failed).
 
 Every meta-action runs against a real ``Workspace`` so its tool result is what the policy will see at run time.
@@ -71,6 +73,13 @@ def _seen_objects(observation: str, obj: str) -> list[tuple[str, str]]:
     return [(o, where) for o in re.findall(rf"\b({obj} \d+)", observation)]
 
 
+def _contents_shown(observation: str) -> str | None:
+    """The receptacle whose contents the observation lists ("On the X, you see ..." / "In it, you see ..."), or None
+    (e.g. "The drawer 3 is closed.")."""
+    m = re.search(r"(?:arrive at|open the) ([a-z]+ \d+)", observation)
+    return m.group(1) if m and "you see" in observation else None
+
+
 class Teacher:
     """Annotates episodes with meta-actions, in order, over one Experience store (see module docstring)."""
 
@@ -115,8 +124,10 @@ class Teacher:
             plan, watched = subgoal_plan(ep.game), watched_objects(ep.game)
         except ValueError:  # not an ALFWorld game path: a generic tool-using agent's episode
             obj, plan, watched = None, [], []
-        meta("recall", {"query": ep.task or ep.task_type}, 0)
-        meta("commit", {"id": "goal", "status": "active", "text": ep.task}, 0)
+        # Short arguments: the task is in every prompt, so the teacher never makes the policy copy it.
+        meta("recall", {"query": obj or ep.task or ep.task_type}, 0)
+        if obj is None:  # a generic episode has no subgoal plan: its goal is the only Progress entry
+            meta("commit", {"id": "goal", "status": "active", "text": ep.task}, 0)
         next_goal, failures, found_at = 0, 0, None
         ws.observe(0, ep.records[0]["observation"])
         for rec in ep.records[1:]:
@@ -134,11 +145,16 @@ class Teacher:
             failures = failures + 1 if obs == NOTHING else 0
             if failures == 2:
                 meta("recall", {"query": f"nothing happens {rec['action']}"}, step)
+            seen_any = False
             for name in watched:
                 for oid, where in _seen_objects(obs, name):
+                    seen_any = True
                     if (oid, "location") not in ws.belief or ws.belief[(oid, "location")].value != where:
                         track(oid, "location", where, step)
                         found_at = found_at or (where if name == obj else None)
+            shown_at = _contents_shown(obs)
+            if obj and shown_at and not seen_any:
+                track(shown_at, "searched", "yes", step)
             m = re.match(rf"You pick up the ({obj} \d+)", obs) if obj else None
             if m:
                 track(m.group(1), "location", "inventory", step)
@@ -150,9 +166,9 @@ class Teacher:
             if m:  # placed (the first of two, in pick_two): no longer in the inventory
                 track(m.group(1), "location", m.group(2), step)
             while next_goal < len(plan) and re.search(plan[next_goal][2], obs):
-                gid, text, _ = plan[next_goal]
+                gid, _text, _ = plan[next_goal]
                 deps = [plan[next_goal - 1][0]] if next_goal else []
-                meta("commit", {"id": gid, "status": "done", "text": text, "depends_on": deps}, step)
+                meta("commit", {"id": gid, "status": "done", "depends_on": deps}, step)
                 next_goal += 1
         lesson = self.lesson(ep, obj, found_at) if obj else self.generic_lesson(ep)
         meta("note", {"lesson": lesson, "tags": [ep.task_type] + ([obj] if obj else [])}, len(ep.records))

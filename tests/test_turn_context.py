@@ -32,19 +32,20 @@ def test_turn_examples_show_the_workspace_the_teacher_built():
     names = [n for n, _ in _calls(turns)]
     # every policy turn of the history trace is an example (no label is dropped in this all-expert episode)
     assert names == [m["tool_calls"][0]["function"]["name"] for m in row["messages"] if m["role"] == "assistant"]
-    first, take = turns[0]["prompt"], turns[names.index("act", 6)]["prompt"]
+    first, take = turns[0]["prompt"], turns[names.index("act", 5)]["prompt"]
     assert first == [{"role": "user", "content": "Task: put a hot mug in cabinet.\nWorkspace: empty\nObservation: "
                       + episode().records[0]["observation"]}]
     # the turn after "open cabinet 4" revealed the mug and the teacher tracked it and committed "find"
     assert take[-1]["content"] == (
         "Task: put a hot mug in cabinet.\n"
-        "Progress: done find; goal active: put a hot mug in cabinet.\n"
+        "Progress: done find\n"
         "Belief: mug 1 location=cabinet 4\n"
         "Lessons: no lessons yet\n"
         "Recent: go to cabinet 4 | put mug 1 in cabinet 4 (nothing happened) | open cabinet 4\n"
         "Observation: You open the cabinet 4. The cabinet 4 is open. In it, you see a mug 1.\n"
         "Last call: commit -> ok: find done")
-    assert _calls(turns)[names.index("act", 6)] == ("act", {"command": "take mug 1 from cabinet 4"})
+    assert _calls(turns)[names.index("act", 5)] == ("act", {"command": "take mug 1 from cabinet 4"})
+    assert _calls(turns)[0] == ("recall", {"query": "mug"})  # short arguments: the task is never copied
 
 
 def test_perturbed_and_look_labels_are_history_not_targets():

@@ -38,11 +38,13 @@ def test_exact_belief_progress_and_experience_after_the_episode():
 
     row = teacher.annotate(episode())
     names = [(m["tool_calls"][0]["function"]["name"]) for m in row["messages"] if m["role"] == "assistant"]
-    assert names == ["recall", "commit", "act", "act", "act", "track", "commit", "act", "track", "commit", "act",
-                     "act", "track", "commit", "act", "act", "act", "note"]
-    assert row["meta_actions"] == {"track": 3, "commit": 4, "recall": 1, "note": 1}
-    assert row["workspace"] == ("Progress: done find, take, heat; goal active: put a hot mug in cabinet.\n"
-                                "Belief: mug 1 state=hot; mug 1 location=inventory")
+    # open cabinet 4 shows the mug (track, commit find); take (track, commit take); heat (track, commit heat);
+    # open cabinet 1 shows no mug (track searched); the last move wins, so no track follows it
+    assert names == ["recall", "act", "act", "act", "track", "commit", "act", "track", "commit", "act", "act",
+                     "track", "commit", "act", "act", "track", "act", "note"]
+    assert row["meta_actions"] == {"track": 4, "commit": 3, "recall": 1, "note": 1}
+    assert row["workspace"] == ("Progress: done find, take, heat\n"
+                                "Belief: cabinet 1 searched=yes; mug 1 state=hot; mug 1 location=inventory")
     lessons = teacher.experience.all()
     assert [(x["text"], x["tags"], x["source_episode"]) for x in lessons] == [
         ("'put X in Y' does nothing: use 'move X to Y'", ["pick_heat_then_place_in_recep", "mug"], "ep-heat")]
