@@ -1,5 +1,6 @@
 import json
 
+from evoharness.alfworld_env import task_params_from_path
 from evoharness.config import TraceConfig
 from evoharness.harness import ExperienceStore
 from evoharness.rawlog import parse_lines
@@ -22,7 +23,9 @@ def test_teacher_places_meta_actions_where_they_pay(tiny_logs):
     rows = [teacher.annotate(ep) for ep in eps]
     first = rows[0]
     names = [m["tool_calls"][0]["function"]["name"] for m in first["messages"] if m["role"] == "assistant"]
-    assert names[:2] == ["recall", "commit"] and names[-1] == "note"
+    # recall at start (query: the task object; the task itself is in every prompt, so no goal commit), note at end
+    assert names[:2] == ["recall", "act"] and names[-1] == "note"
+    assert calls(first, "recall")[0] == {"query": task_params_from_path(eps[0].game)["object_target"].lower()}
     assert first["messages"][3]["content"] == "no lessons yet"  # nothing earlier to recall: no leakage
     assert "[" in rows[1]["messages"][3]["content"]  # the second episode recalls the first one's lesson
     assert len(calls(first, "act")) == len(eps[0].records) - 1
