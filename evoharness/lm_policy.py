@@ -143,30 +143,46 @@ class LMPolicy:
         """The admissible command with the highest summed log-probability after ``context`` (which ends where
         the command string opens), scored with the call's closing ``"}}\n</tool_call>`` so that a prefix
         ("cabinet 1") does not win over the full name ("cabinet 10") and the closing tokens are the ones training
-        saw. Forward passes over ``chunk`` candidates at a time, keeping only the logits of the candidate positions
-        (``logits_to_keep``): memory is chunk x candidate length x vocabulary, not x context length."""
+        saw.
+
+        The context is encoded once; its KV cache (transformers ``DynamicCache``) is repeated over ``chunk``
+        candidates at a time, so a decision costs one context pass plus candidates x candidate length tokens
+        (measured 10x faster than re-encoding the context per candidate, ``scripts/benchmark.py``)."""
         cands = [self.tok(c + COMMAND_CLOSE, add_special_tokens=False)["input_ids"] for c in admissible]
-        scores: list[float] = []
-        for start in range(0, len(cands), self.chunk):
-            part = cands[start:start + self.chunk]
-            longest = max(len(c) for c in part)
-            width = len(context) + longest
-            batch = torch.full((len(part), width), self.tok.pad_token_id, dtype=torch.long)
-            mask = torch.zeros((len(part), width), dtype=torch.long)
-            for i, c in enumerate(part):
-                batch[i, :width - longest + len(c)] = torch.tensor(context + c)
-                mask[i, :width - longest + len(c)] = 1
-            keep = longest + 1  # logits at positions len(context)-1 .. width-1 predict the candidate tokens
-            logits = self.model(input_ids=batch.to(self.model.device), attention_mask=mask.to(self.model.device),
-                                logits_to_keep=keep).logits
-            logp = torch.log_softmax(logits.float(), dim=-1)
-            for i, c in enumerate(part):
-                pos = torch.arange(0, len(c))
-                scores.append(logp[i, pos, torch.tensor(c)].sum().item())
+        scores = self.score_continuations(context, cands)
         best = max(range(len(cands)), key=scores.__getitem__)
         self.generated_tokens += len(cands[best])
         self.scored += 1
         return Decision("act", {"command": admissible[best]}, text=generated + admissible[best] + COMMAND_CLOSE)
+
+    @torch.no_grad()
+    def score_continuations(self, context: list[int], cands: list[list[int]]) -> list[float]:
+        """Summed log-probability (nats) of each token list in ``cands`` (each non-empty) after ``context``: one
+        context pass, then its KV cache repeated over ``chunk`` candidates per forward pass."""
+        import copy
+
+        device = self.model.device
+        ctx = torch.tensor([context], device=device)
+        out = self.model(input_ids=ctx, use_cache=True, logits_to_keep=1)
+        first = torch.log_softmax(out.logits[0, -1].float(), dim=-1)  # predicts every candidate's first token
+        scores: list[float] = []
+        for start in range(0, len(cands), self.chunk):
+            part = cands[start:start + self.chunk]
+            longest = max(len(c) for c in part)
+            batch = torch.full((len(part), longest), self.tok.pad_token_id, dtype=torch.long)
+            mask = torch.zeros((len(part), len(context) + longest), dtype=torch.long)
+            for i, c in enumerate(part):
+                batch[i, :len(c)] = torch.tensor(c)
+                mask[i, :len(context) + len(c)] = 1  # right padding: real tokens never attend to it
+            cache = copy.deepcopy(out.past_key_values)
+            cache.batch_repeat_interleave(len(part))
+            logits = self.model(input_ids=batch.to(device), attention_mask=mask.to(device),
+                                past_key_values=cache, use_cache=True).logits
+            logp = torch.log_softmax(logits.float(), dim=-1)  # position j predicts candidate token j + 1
+            for i, c in enumerate(part):
+                tail = logp[i, torch.arange(len(c) - 1), torch.tensor(c[1:])].sum().item() if len(c) > 1 else 0.0
+                scores.append(first[c[0]].item() + tail)
+        return scores
 
     def observe(self, text: str) -> None:
         """Append the tool response and the next generation prompt (Qwen3 template layout)."""

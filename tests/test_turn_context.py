@@ -142,6 +142,22 @@ def test_score_decoding_only_executes_admissible_commands(game, turn_model):
     assert policy.scored >= res.env_steps  # every command came from scoring (the closing note turn may add one)
 
 
+def test_cached_candidate_scores_equal_a_full_forward_pass_per_candidate(turn_model):
+    import torch
+
+    model, tok = load_policy(turn_model)
+    policy = LMPolicy(model, tok, context="turn", decoding="score", chunk=2)  # 3 candidates: two chunks
+    context = tok("Task: put a mug in cabinet. Observation: You arrive at cabinet 1.", add_special_tokens=False)[
+        "input_ids"]
+    cands = [tok(c, add_special_tokens=False)["input_ids"] for c in ["go to cabinet 10", "go to cabinet 1", "look"]]
+    got = policy.score_continuations(context, cands)
+    with torch.no_grad():
+        for c, score in zip(cands, got, strict=True):
+            logp = torch.log_softmax(model(input_ids=torch.tensor([context + c])).logits[0].float(), dim=-1)
+            want = sum(logp[len(context) - 1 + j, t].item() for j, t in enumerate(c))
+            assert score == pytest.approx(want, abs=1e-3)
+
+
 def test_score_decoding_needs_the_turn_context(turn_model):
     model, tok = load_policy(turn_model)
     with pytest.raises(ValueError, match="turn context"):
