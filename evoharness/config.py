@@ -195,6 +195,8 @@ class GRPOStageConfig:
     Parameters:
         split / num_games: the games whose episodes form the groups.
         num_generations: episodes per game per step (the GRPO group).
+        turns_per_episode: ``turn`` context only: turns drawn from each episode as GRPO samples, so a group holds
+            ``num_generations x turns_per_episode`` samples (``evoharness.rollouts.TurnRollouts``).
         max_steps: optimizer steps.
         max_env_steps / max_meta_actions: per-episode budgets during rollouts.
         temperature: sampling temperature of rollouts (TRL scales the training logits by the same value). 0.7, not
@@ -207,6 +209,7 @@ class GRPOStageConfig:
     num_games: int = 8
     game_offset: int = 1000
     num_generations: int = 4
+    turns_per_episode: int = 4
     prompts_per_step: int = 2
     max_steps: int = 4
     max_env_steps: int = 20
@@ -221,6 +224,8 @@ class GRPOStageConfig:
     def __post_init__(self):
         if self.temperature <= 0:
             raise ValueError(f"grpo.temperature is {self.temperature}: GRPO samples its rollouts, use a value > 0")
+        if self.turns_per_episode < 1:
+            raise ValueError(f"grpo.turns_per_episode is {self.turns_per_episode}: use 1 or more")
 
 
 @dataclass

@@ -1,9 +1,10 @@
 """A causal language model as the policy, acting through the Qwen3 chat/tool-call format.
 
-The policy keeps the whole episode as one token sequence: the prompt (system + tools + first observation), then
-per turn the tokens it generated (``env_mask`` 1) and the tool response the loop appended (``env_mask`` 0). That
-sequence is exactly what GRPO trains on (TRL's ``rollout_func`` contract: ``prompt_ids``, ``completion_ids``,
-``logprobs``, ``env_mask``), so rollouts are on-policy token for token.
+In the ``history`` context the policy keeps the whole episode as one token sequence: the prompt (system + tools +
+first observation), then per turn the tokens it generated (``env_mask`` 1) and the tool response the loop appended
+(``env_mask`` 0); ``rollout()`` returns it as one entry of TRL's ``rollout_func`` contract (``prompt_ids``,
+``completion_ids``, ``logprobs``, ``env_mask``). In the ``turn`` context every turn has its own prompt, and
+``turns`` holds one such entry per turn: the prompt the policy read and the tokens it produced.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class LMPolicy:
         self.completion_ids: list[int] = []
         self.env_mask: list[int] = []
         self.logprobs: list[float] = []
+        self.turns: list[dict] = []  # turn context: one entry per turn, see ``_record``
         if self.context == "turn":
             self.prompt_ids: list[int] = []
             return
@@ -75,18 +77,7 @@ class LMPolicy:
         if len(ids) + self.max_new_tokens > self.max_context:
             self.truncated = True
             return Decision(None, {}, malformed=True, text="look")
-        inputs = torch.tensor([ids], device=self.model.device)
-        sample = self.temperature > 0
-        out = self.model.generate(
-            input_ids=inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=self.max_new_tokens,
-            do_sample=sample, temperature=self.temperature if sample else None, top_k=0 if sample else None,
-            top_p=1.0 if sample else None, eos_token_id=self.end_id, pad_token_id=self.tok.pad_token_id,
-            output_scores=True, return_dict_in_generate=True)
-        gen = out.sequences[0, len(ids):].tolist()
-        scores = self.model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)[0].tolist()
-        if self.end_id in gen:
-            cut = gen.index(self.end_id) + 1
-            gen, scores = gen[:cut], scores[:cut]
+        gen, scores = self._generate(ids)
         self.completion_ids += gen
         self.env_mask += [1] * len(gen)
         self.logprobs += scores
@@ -100,16 +91,23 @@ class LMPolicy:
             return Decision(None, {}, malformed=True, text=stripped)
         return Decision(name, args, text=text)
 
-    def _generate(self, ids: list[int], stop_strings: list[str] | None = None) -> list[int]:
+    def _generate(self, ids: list[int], stop_strings: list[str] | None = None) -> tuple[list[int], list[float]]:
+        """One assistant turn after ``ids`` with ``model.generate`` (greedy, or sampled at ``temperature`` with
+        top-k/top-p off); returns the generated ids, cut after ``<|im_end|>``, and their log-probabilities."""
         inputs = torch.tensor([ids], device=self.model.device)
         sample = self.temperature > 0
         out = self.model.generate(
             input_ids=inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=self.max_new_tokens,
             do_sample=sample, temperature=self.temperature if sample else None, top_k=0 if sample else None,
             top_p=1.0 if sample else None, eos_token_id=self.end_id, pad_token_id=self.tok.pad_token_id,
-            stop_strings=stop_strings, tokenizer=self.tok if stop_strings else None)
-        gen = out[0, len(ids):].tolist()
-        return gen[: gen.index(self.end_id) + 1] if self.end_id in gen else gen
+            stop_strings=stop_strings, tokenizer=self.tok if stop_strings else None,
+            output_scores=True, return_dict_in_generate=True)
+        gen = out.sequences[0, len(ids):].tolist()
+        scores = self.model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)[0].tolist()
+        if self.end_id in gen:
+            cut = gen.index(self.end_id) + 1
+            gen, scores = gen[:cut], scores[:cut]
+        return gen, scores
 
     def _decide_turn(self, state: dict) -> Decision:
         text = self.tok.apply_chat_template(state["turn_messages"], tools=self.tools, add_generation_prompt=True,
@@ -119,53 +117,72 @@ class LMPolicy:
             self.truncated = True
             return Decision(None, {}, malformed=True, text="look")
         score = self.decoding == "score" and bool(state.get("admissible_commands"))
+        prefix = self.tok(EMPTY_THINK + ACT_PREFIX, add_special_tokens=False)["input_ids"] if score else []
         if score and state.get("force_act"):  # the previous call changed nothing: act, scored as usual
             self.forced += 1
-            prefix = self.tok(EMPTY_THINK + ACT_PREFIX, add_special_tokens=False)["input_ids"]
-            return self._score_act(ids + prefix, state["admissible_commands"], "")
-        gen = self._generate(ids, [COMMAND_OPEN] if score else None)
+            return self._score_act(ids, prefix, [0.0] * len(prefix), [0] * len(prefix), state["admissible_commands"])
+        gen, logps = self._generate(ids, [COMMAND_OPEN] if score else None)
         self.generated_tokens += len(gen)
         out = self.tok.decode(gen, skip_special_tokens=False)
         if score and out.rstrip("\n").endswith(COMMAND_OPEN) and '"act"' in out:
-            return self._score_act(ids + gen, state["admissible_commands"], out)
+            return self._score_act(ids, gen, logps, [1] * len(gen), state["admissible_commands"], out)
+        self._record(ids, gen, logps, [1] * len(gen))
         name, args = parse_tool_call(out)
         if name is not None:
             return Decision(name, args, text=out)
         if score:  # malformed: still an admissible act, scored after the canonical act prefix
-            prefix = self.tok(EMPTY_THINK + ACT_PREFIX, add_special_tokens=False)["input_ids"]
-            dec = self._score_act(ids + prefix, state["admissible_commands"], out)
+            dec = self._score_act(ids, prefix, [0.0] * len(prefix), [0] * len(prefix), state["admissible_commands"],
+                                  out, record=False)  # the turn recorded is the sampled (malformed) text
             dec.malformed = True
             return dec
         stripped = out.replace("<|im_end|>", "").split("</think>")[-1].strip()
         return Decision(None, {}, malformed=True, text=stripped)
 
-    def _score_act(self, context: list[int], admissible: list[str], generated: str) -> Decision:
-        """The admissible command with the highest summed log-probability after ``context`` (which ends where
-        the command string opens), scored with the call's closing ``"}}\n</tool_call>`` so that a prefix
-        ("cabinet 1") does not win over the full name ("cabinet 10") and the closing tokens are the ones training
-        saw.
+    def _record(self, prompt_ids: list[int], completion_ids: list[int], logprobs: list[float],
+                mask: list[int]) -> None:
+        """Keep the turn for GRPO (``turns``): a turn that did not end with ``<|im_end|>`` is closed with it."""
+        if completion_ids and completion_ids[-1] == self.end_id:
+            self.turns.append({"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs,
+                               "env_mask": mask})
+        else:
+            self.turns.append({"prompt_ids": prompt_ids, "completion_ids": completion_ids + [self.end_id],
+                               "logprobs": logprobs + [0.0], "env_mask": mask + [0]})
 
-        The context is encoded once; its KV cache (transformers ``DynamicCache``) is repeated over ``chunk``
-        candidates at a time, so a decision costs one context pass plus candidates x candidate length tokens
-        (measured 10x faster than re-encoding the context per candidate, ``scripts/benchmark.py``)."""
+    def _score_act(self, ids: list[int], head: list[int], head_logps: list[float], head_mask: list[int],
+                   admissible: list[str], generated: str = "", record: bool = True) -> Decision:
+        """Choose the command of an ``act`` call whose text so far is ``ids + head`` (``head`` ends where the command
+        string opens): greedy, the admissible command with the highest summed log-probability; sampled
+        (``temperature`` > 0), a draw from the softmax of those sums divided by the temperature, so a rollout's
+        command is always admissible. Each candidate is scored with the call's closing ``"}}\n</tool_call>``, so
+        that a prefix ("cabinet 1") does not win over the full name ("cabinet 10"), and the closing tokens are the
+        ones training saw."""
         cands = [self.tok(c + COMMAND_CLOSE, add_special_tokens=False)["input_ids"] for c in admissible]
-        scores = self.score_continuations(context, cands)
-        best = max(range(len(cands)), key=scores.__getitem__)
+        per_token = self.score_continuations(ids + head, cands)
+        sums = torch.tensor([sum(t) for t in per_token])
+        if self.temperature > 0:
+            best = int(torch.multinomial(torch.softmax(sums / self.temperature, dim=0), 1))
+        else:
+            best = int(sums.argmax())
         self.generated_tokens += len(cands[best])
         self.scored += 1
+        if record:
+            self._record(ids, head + cands[best], head_logps + per_token[best], head_mask + [1] * len(cands[best]))
         return Decision("act", {"command": admissible[best]}, text=generated + admissible[best] + COMMAND_CLOSE)
 
     @torch.no_grad()
-    def score_continuations(self, context: list[int], cands: list[list[int]]) -> list[float]:
-        """Summed log-probability (nats) of each token list in ``cands`` (each non-empty) after ``context``: one
-        context pass, then its KV cache repeated over ``chunk`` candidates per forward pass."""
+    def score_continuations(self, context: list[int], cands: list[list[int]]) -> list[list[float]]:
+        """Per-token log-probabilities (nats) of each token list in ``cands`` (each non-empty) after ``context``.
+
+        The context is encoded once; its KV cache (transformers ``DynamicCache``) is repeated over ``chunk``
+        candidates per forward pass, so a decision costs one context pass plus candidates x candidate length
+        tokens (measured on a 3.7M-parameter model, ~600-token prompts: 0.065 s per decision against 0.41 s when the
+        context was re-encoded with every chunk)."""
         import copy
 
         device = self.model.device
-        ctx = torch.tensor([context], device=device)
-        out = self.model(input_ids=ctx, use_cache=True, logits_to_keep=1)
+        out = self.model(input_ids=torch.tensor([context], device=device), use_cache=True, logits_to_keep=1)
         first = torch.log_softmax(out.logits[0, -1].float(), dim=-1)  # predicts every candidate's first token
-        scores: list[float] = []
+        result: list[list[float]] = []
         for start in range(0, len(cands), self.chunk):
             part = cands[start:start + self.chunk]
             longest = max(len(c) for c in part)
@@ -180,9 +197,9 @@ class LMPolicy:
                                 past_key_values=cache, use_cache=True).logits
             logp = torch.log_softmax(logits.float(), dim=-1)  # position j predicts candidate token j + 1
             for i, c in enumerate(part):
-                tail = logp[i, torch.arange(len(c) - 1), torch.tensor(c[1:])].sum().item() if len(c) > 1 else 0.0
-                scores.append(first[c[0]].item() + tail)
-        return scores
+                tail = logp[i, torch.arange(len(c) - 1), torch.tensor(c[1:])].tolist() if len(c) > 1 else []
+                result.append([first[c[0]].item()] + tail)
+        return result
 
     def observe(self, text: str) -> None:
         """Append the tool response and the next generation prompt (Qwen3 template layout)."""

@@ -38,9 +38,6 @@ def pipeline(profile: str = "default", data_rev: str | None = None, split: str |
     if until not in ("sft", "grpo"):
         raise ValueError(f"until is {until!r}; use 'sft' or 'grpo'")
     cfg = load_profile(profile, {"evaluate": {k: v for k, v in (("split", split), ("limit", limit)) if v is not None}})
-    if until == "grpo" and cfg.traces.context != "history":  # fail before collection and SFT, not after
-        raise ValueError(f"profile {profile!r} uses traces.context {cfg.traces.context!r}; its GRPO stage needs "
-                         f"'history'. Run with --until sft.")
     runs = str(Path(repo) / "runs")
     evals = str(Path(runs) / "eval" / time.strftime(f"%Y%m%d-%H%M%S-{cfg.profile}"))
     walls, cached, t = {}, {}, time.time()

@@ -117,13 +117,8 @@ def sft_task(cfg: PipelineConfig, traces: dict, work_dir: str, parent_run_id: st
 def grpo_task(cfg: PipelineConfig, sft: dict, traces: dict, work_dir: str, parent_run_id: str) -> dict:
     """Cost-aware GRPO from the SFT checkpoint on multi-turn ALFWorld episodes; logs the annealing curve.
 
-    Cached on (SFT checkpoint, GRPO and cost settings, task source); resumes from its checkpoints.
-    Raises ValueError for a ``turn``-context profile: its rollouts are not one token sequence per episode, which is
-    what this stage's ``rollout_func`` returns (run the pipeline with ``--until sft``)."""
-    if cfg.traces.context != "history":
-        raise ValueError(f"profile {cfg.profile!r}: GRPO needs traces.context: history (one token sequence per "
-                         f"episode); this profile uses {cfg.traces.context!r}. Run `python -m flows.pipeline "
-                         f"--profile {cfg.profile} --until sft`.")
+    Cached on (SFT checkpoint, GRPO and cost settings, task source); resumes from its checkpoints. Either context
+    layout (``evoharness.rollouts``)."""
     g = cfg.grpo
     out = grpo_dir({"sft": sft, "cfg": cfg, "work_dir": work_dir})
     games = list_games(g.split, limit=g.num_games, offset=g.game_offset)

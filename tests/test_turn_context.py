@@ -154,7 +154,7 @@ def test_cached_candidate_scores_equal_a_full_forward_pass_per_candidate(turn_mo
     with torch.no_grad():
         for c, score in zip(cands, got, strict=True):
             logp = torch.log_softmax(model(input_ids=torch.tensor([context + c])).logits[0].float(), dim=-1)
-            want = sum(logp[len(context) - 1 + j, t].item() for j, t in enumerate(c))
+            want = [logp[len(context) - 1 + j, t].item() for j, t in enumerate(c)]
             assert score == pytest.approx(want, abs=1e-3)
 
 
@@ -218,3 +218,58 @@ def test_a_call_that_leaves_the_prompt_unchanged_forces_an_act():
                       max_meta_actions=5, view=turn_view(TURN))
     # track (new fact), track again (same Belief, same "Last call") -> flagged, act; then the closing turn
     assert pol.flags[:3] == [False, False, True] and res.env_steps == 1 and res.meta_actions["track"] == 2
+
+
+def test_grpo_step_in_the_turn_context_runs_on_a_real_game_and_resumes(tmp_path, turn_model):
+    """Issue 6: one cost-aware GRPO step on a real game, its group = 2 episodes x 2 sampled turns each; the reward
+    of every sample is its episode's won - cost, and a re-run with one more step resumes at step 1."""
+    from evoharness.config import GRPOStageConfig
+
+    game = list_games("train", limit=1, offset=1000)
+    cfg = GRPOStageConfig(num_generations=2, turns_per_episode=2, prompts_per_step=1, max_steps=1, max_env_steps=3,
+                          max_meta_actions=1, max_new_tokens=16, save_steps=1)
+    spec = {"model_path": turn_model, "games": game, "output_dir": str(tmp_path),
+            "experience_path": str(tmp_path / "exp.db"), "grpo": dataclasses.asdict(cfg),
+            "cost": dataclasses.asdict(CostConfig()), "traces": dataclasses.asdict(TURN)}
+    result = accelerate_launch("evoharness.grpo", spec, tmp_path, num_processes=1)
+    assert result["global_step"] == 1 and result["resumed_from"] is None
+    first = result["first"]
+    assert first["env_steps"] == 3.0 and first["success_rate"] == 0.0  # 3 steps never win this game
+    assert first["reward"] == pytest.approx(-first["cost"]) and first["cost"] > 0
+    assert (tmp_path / "final" / "model.safetensors").exists()
+    spec["grpo"]["max_steps"] = 2
+    second = accelerate_launch("evoharness.grpo", spec, tmp_path, num_processes=1)
+    assert second["resumed_from"].endswith("checkpoint-1") and second["global_step"] == 2
+
+
+def test_sampled_turns_carry_what_the_policy_read_and_produced(turn_model):
+    """Score decoding at a temperature records each turn: prompt ids = that turn's prompt, completion ids end with
+    <|im_end|>, and every act completion decodes to the admissible command that was executed."""
+    import torch
+
+    from evoharness.rollouts import sample_turns
+
+    torch.manual_seed(0)
+    model, tok = load_policy(turn_model)
+    policy = LMPolicy(model, tok, max_new_tokens=16, temperature=1.0, context="turn", decoding="score")
+    env = RecordingEnv(ALFWorldEnv(list_games("valid_seen", limit=1)[0], max_steps=10, expert=False))
+    ws = Workspace.from_config(ExperienceStore(), "t", TURN)
+    res = run_episode(env, policy, ws, CostConfig(), max_env_steps=4, max_meta_actions=1, view=turn_view(TURN))
+    env.env.close()
+    assert len(policy.turns) >= res.env_steps == len(env.commands) == 4
+    assert all(t["completion_ids"][-1] == policy.end_id for t in policy.turns)
+    assert all(len(t["completion_ids"]) == len(t["logprobs"]) == len(t["env_mask"]) for t in policy.turns)
+    # an act turn (forced here: the untrained model's own text is malformed) records the sampled command's tokens
+    admissible = ["go to cabinet 1", "go to cabinet 2", "go to drawer 1", "go to shelf 3"]  # equal lengths
+    prompt = [{"role": "user", "content": "Task: put a mug in cabinet.\nObservation: You are in a room."}]
+    drawn = set()
+    for _ in range(12):
+        dec = policy.decide({"turn_messages": prompt, "admissible_commands": admissible, "force_act": True})
+        turn = policy.turns[-1]
+        text = tok.decode([t for t, m in zip(turn["completion_ids"], turn["env_mask"], strict=True) if m])
+        assert dec.args["command"] in admissible and text.startswith(dec.args["command"] + '"}}')
+        assert turn["prompt_ids"] == tok(tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False),
+                                         add_special_tokens=False)["input_ids"]
+        drawn.add(dec.args["command"])
+    assert len(drawn) > 1  # sampled at temperature 1, not greedy
+    assert len(sample_turns(policy.turns, 3, seed=0)) == 3 and sample_turns([], 3, seed=0) == []

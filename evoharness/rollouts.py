@@ -1,0 +1,211 @@
+"""TRL ``rollout_func`` implementations: ALFWorld episodes played through the harness, returned as GRPO samples.
+
+Two layouts, one per context (``TraceConfig.context``):
+
+* ``HarnessRollouts`` (``history``): one sample per episode, the whole episode as one token sequence with
+  ``env_mask`` 0 on the tool responses (TRL's multi-turn ``rollout_func`` example layout).
+* ``TurnRollouts`` (``turn``): every turn has its own prompt (task, workspace, recent commands, observation), so an
+  episode is not one sequence. A GRPO group is ``num_generations`` episodes of the same game; from each episode
+  ``turns_per_episode`` turns are drawn (uniformly, without replacement while it has enough), and each drawn turn is
+  one sample: that turn's prompt, the tokens the policy produced, and the episode's reward ``won - cost``. TRL
+  normalises rewards within a group of ``num_generations x turns_per_episode`` samples, so every turn of an episode
+  gets the episode's advantage: the episode-level credit assignment of GRPO (Shao et al. 2024, arXiv:2402.03300)
+  applied to turn-wise prompts. Sampling a few turns per episode keeps a step's batch bounded however long the
+  episodes run.
+
+Both log the same per-step metrics (``episode_metrics``) to ``history.jsonl`` and MLflow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from pathlib import Path
+
+from evoharness.config import CostConfig, GRPOStageConfig, TraceConfig
+from evoharness.harness import META_ACTIONS, SYSTEM_PROMPT, TOOLS, ExperienceStore, Workspace
+
+
+def episode_metrics(results) -> dict:
+    """Means over a batch of ``EpisodeResult``: the quantities that explain annealing and evolution."""
+    n = max(len(results), 1)
+    out = {
+        "success_rate": sum(r.won for r in results) / n,
+        "reward": sum(r.reward for r in results) / n,
+        "cost": sum(r.cost for r in results) / n,
+        "env_steps": sum(r.env_steps for r in results) / n,
+        "generated_tokens": sum(r.generated_tokens for r in results) / n,
+        "malformed": sum(r.malformed for r in results) / n,
+        "workspace_tokens": sum(max(r.workspace_tokens or [0]) for r in results) / n,
+        "meta_actions": sum(sum(r.meta_actions.values()) for r in results) / n,
+    }
+    for m in META_ACTIONS:
+        out[f"meta_actions_{m}"] = sum(r.meta_actions.get(m, 0) for r in results) / n
+        out[f"cost_{m}"] = sum(r.cost_by_type.get(m, 0.0) for r in results) / n
+    return out
+
+
+def build_prompts(games: list[str], data_dir: str | None = None) -> tuple[list[dict], dict[str, str]]:
+    """One conversational prompt per game (system + first observation) and a map from observation to game."""
+    from evoharness.alfworld_env import ALFWorldEnv
+
+    rows, by_obs = [], {}
+    for game in games:
+        env = ALFWorldEnv(game, expert=False, data_dir=data_dir)
+        obs = env.reset().observation
+        env.close()
+        rows.append({"prompt": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": obs}]})
+        by_obs[obs] = game
+    return rows, by_obs
+
+
+class HarnessRollouts:
+    """TRL ``rollout_func``: plays one episode per prompt entry and returns tokens, logprobs, env_mask, rewards."""
+
+    def __init__(self, by_obs: dict[str, str], cfg: GRPOStageConfig, cost: CostConfig, experience_path: str,
+                 history_path: str, data_dir: str | None = None, workspace_cfg: TraceConfig | None = None):
+        self.by_obs, self.cfg, self.cost = by_obs, cfg, cost
+        self.workspace_cfg = workspace_cfg or TraceConfig()
+        self.experience = ExperienceStore(experience_path)
+        self.history_path = Path(history_path)
+        self.data_dir = data_dir
+        self.calls = 0
+
+    def __call__(self, prompts: list, trainer) -> dict:
+        from evoharness.agent import run_episode
+        from evoharness.alfworld_env import ALFWorldEnv
+        from evoharness.lm_policy import LMPolicy
+
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        tokenizer = trainer.processing_class
+        out = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [], "episode_reward": []}
+        results, t0 = [], time.time()
+        for i, prompt in enumerate(prompts):
+            game = self.by_obs[prompt[-1]["content"]]
+            env = ALFWorldEnv(game, max_steps=self.cfg.max_env_steps + 1, expert=False, data_dir=self.data_dir)
+            policy = LMPolicy(model, tokenizer, self.cfg.max_new_tokens, self.cfg.temperature)
+            ws = Workspace.from_config(self.experience, f"grpo-{self.calls}-{i}", self.workspace_cfg)
+            seed = self.cfg.seed + 1000 * self.calls + i
+            res = run_episode(env, policy, ws, self.cost, self.cfg.max_env_steps, self.cfg.max_meta_actions, seed)
+            env.close()
+            results.append(res)
+            rollout = policy.rollout() if getattr(policy, "prompt_ids", None) else {}
+            if not any(rollout.get("env_mask", [])):  # reset failed or nothing generated: one masked token
+                prompt_ids = rollout.get("prompt_ids") or tokenizer.apply_chat_template(
+                    prompt, tools=TOOLS, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+                rollout = {"prompt_ids": prompt_ids, "completion_ids": [policy.end_id], "logprobs": [0.0],
+                           "env_mask": [0]}
+            for k, v in rollout.items():
+                out[k].append(v)
+            out["episode_reward"].append(res.reward)
+        log_step(results, t0, trainer, self.history_path)
+        self.calls += 1
+        return out
+
+
+class TurnRollouts:
+    """TRL ``rollout_func`` for the ``turn`` context: ``num_generations`` episodes per game, ``turns_per_episode``
+    sampled turns per episode, each turn one GRPO sample (see the module docstring).
+
+    The prompts TRL passes come in groups of ``num_generations x turns_per_episode`` copies of a game's first
+    observation (``GRPOConfig.num_generations`` is that product). Environment actions are decoded with ``score``
+    decoding, sampled from the softmax over the admissible commands' log-likelihoods at the rollout temperature, so
+    every executed command is admissible; meta-actions are sampled token by token.
+    """
+
+    def __init__(self, by_obs: dict[str, str], cfg: GRPOStageConfig, cost: CostConfig, experience_path: str,
+                 history_path: str, data_dir: str | None = None, workspace_cfg: TraceConfig | None = None):
+        self.by_obs, self.cfg, self.cost = by_obs, cfg, cost
+        self.workspace_cfg = workspace_cfg or TraceConfig(context="turn")
+        self.experience = ExperienceStore(experience_path)
+        self.history_path = Path(history_path)
+        self.data_dir = data_dir
+        self.calls = 0
+
+    def play(self, model, tokenizer, game: str, episode_id: str, seed: int):
+        """One sampled episode of ``game``; returns (EpisodeResult, the policy's recorded turns)."""
+        from evoharness.agent import run_episode
+        from evoharness.alfworld_env import ALFWorldEnv
+        from evoharness.context import turn_view
+        from evoharness.lm_policy import LMPolicy
+
+        wcfg = self.workspace_cfg
+        env = ALFWorldEnv(game, max_steps=self.cfg.max_env_steps + 1, expert=False, data_dir=self.data_dir)
+        policy = LMPolicy(model, tokenizer, self.cfg.max_new_tokens, self.cfg.temperature, context="turn",
+                          decoding="score", tools=TOOLS if wcfg.tools_in_prompt else None)
+        ws = Workspace.from_config(self.experience, episode_id, wcfg)
+        try:
+            res = run_episode(env, policy, ws, self.cost, self.cfg.max_env_steps, self.cfg.max_meta_actions, seed,
+                              view=turn_view(wcfg))
+        finally:
+            env.close()
+        return res, getattr(policy, "turns", [])
+
+    def __call__(self, prompts: list, trainer) -> dict:
+        import torch
+
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        tokenizer = trainer.processing_class
+        per_episode = self.cfg.turns_per_episode
+        group = self.cfg.num_generations * per_episode
+        if len(prompts) % group:
+            raise ValueError(f"rollout_func got {len(prompts)} prompts, not a multiple of num_generations x "
+                             f"turns_per_episode = {group}")
+        out = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [], "episode_reward": []}
+        results, t0 = [], time.time()
+        was_training = model.training
+        model.eval()  # no dropout, and the KV cache that score decoding reuses (off under gradient checkpointing)
+        try:
+            with torch.no_grad():
+                for g, start in enumerate(range(0, len(prompts), group)):
+                    game = self.by_obs[prompts[start][-1]["content"]]
+                    for e in range(self.cfg.num_generations):
+                        seed = self.cfg.seed + 1000 * self.calls + 100 * g + e
+                        res, turns = self.play(model, tokenizer, game, f"grpo-{self.calls}-{g}-{e}", seed)
+                        results.append(res)
+                        for t in sample_turns(turns, per_episode, seed) or [None] * per_episode:
+                            t = t or empty_turn(tokenizer, prompts[start])
+                            for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask"):
+                                out[k].append(t[k])
+                            out["episode_reward"].append(res.reward)
+        finally:
+            model.train(was_training)
+        log_step(results, t0, trainer, self.history_path)
+        self.calls += 1
+        return out
+
+
+def sample_turns(turns: list[dict], k: int, seed: int) -> list[dict]:
+    """``k`` of an episode's recorded turns, uniformly without replacement (with replacement when it has fewer
+    than ``k``); [] when it has none."""
+    if not turns:
+        return []
+    rng = random.Random(seed)
+    return rng.sample(turns, k) if len(turns) >= k else [rng.choice(turns) for _ in range(k)]
+
+
+def empty_turn(tokenizer, prompt: list[dict]) -> dict:
+    """A sample with nothing to learn from (one masked end token) for an episode that played no turn (its reset
+    failed): it still fills its place in the group."""
+    ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    return {"prompt_ids": ids["input_ids"], "completion_ids": [end], "logprobs": [0.0], "env_mask": [0]}
+
+
+def log_step(results, t0: float, trainer, history_path: Path) -> dict:
+    """Append the step's ``episode_metrics`` (and rollouts per minute) to ``history_path`` and MLflow; print them."""
+    import mlflow
+
+    metrics = episode_metrics(results) | {"rollouts_per_min": len(results) / max(time.time() - t0, 1e-9) * 60}
+    step = trainer.state.global_step
+    with history_path.open("a") as fh:
+        fh.write(json.dumps({"step": step, **metrics}) + "\n")
+    if mlflow.active_run() is not None or os.environ.get("MLFLOW_RUN_ID"):
+        mlflow.log_metrics({f"rollout/{k}": v for k, v in metrics.items()}, step=step,
+                           run_id=os.environ.get("MLFLOW_RUN_ID"))
+    print(f"[grpo] step {step}: success {metrics['success_rate']:.2f} reward {metrics['reward']:.3f} "
+          f"cost {metrics['cost']:.3f} meta/ep {metrics['meta_actions']:.1f} "
+          f"({metrics['rollouts_per_min']:.1f} rollouts/min)", flush=True)
+    return metrics
