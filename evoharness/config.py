@@ -203,6 +203,8 @@ class GRPOStageConfig:
             1.0: the default SFT model's first turns were malformed tool calls in 13 of 16 samples at 1.0, 6 of 16
             at 0.7, 0 of 4 greedy (4 train games).
         beta: KL coefficient to the reference (SFT) policy; 0 disables the reference model.
+        bf16: on a GPU, train in bf16 (ignored on CPU). Rollouts are generated with ``model.generate`` on the
+            training device (no vLLM yet).
     """
 
     split: str = "train"
@@ -218,6 +220,7 @@ class GRPOStageConfig:
     temperature: float = 0.7
     learning_rate: float = 1e-4
     beta: float = 0.0
+    bf16: bool = False
     save_steps: int = 50
     seed: int = 0
 

@@ -39,6 +39,7 @@ def train_grpo(model_path: str, games: list[str], output_dir: str, cfg: GRPOStag
 
     Checkpoints go to ``output_dir/checkpoints`` and a re-run resumes from the last one.
     """
+    import torch
     from datasets import Dataset
     from transformers.trainer_utils import get_last_checkpoint
     from trl import GRPOConfig, GRPOTrainer
@@ -53,12 +54,13 @@ def train_grpo(model_path: str, games: list[str], output_dir: str, cfg: GRPOStag
     ckpt_dir = out / "checkpoints"
     turn = workspace_cfg is not None and workspace_cfg.context == "turn"
     group = cfg.num_generations * (cfg.turns_per_episode if turn else 1)  # samples per game per step
+    on_gpu = torch.cuda.is_available()
     args = GRPOConfig(
         output_dir=str(ckpt_dir), per_device_train_batch_size=cfg.prompts_per_step * group,
         gradient_accumulation_steps=1, num_generations=group, max_steps=cfg.max_steps,
         learning_rate=cfg.learning_rate, beta=cfg.beta, temperature=max(cfg.temperature, 1e-3),
         max_completion_length=model.config.max_position_embeddings, logging_steps=1,
-        save_steps=cfg.save_steps, seed=cfg.seed, use_cpu=True, bf16=False,
+        save_steps=cfg.save_steps, seed=cfg.seed, use_cpu=not on_gpu, bf16=cfg.bf16 and on_gpu,
         report_to=["mlflow"] if os.environ.get("MLFLOW_RUN_ID") else "none", disable_tqdm=False,
     )
     rollout_cls = TurnRollouts if turn else HarnessRollouts

@@ -19,10 +19,10 @@ from evoharness.config import load_profile
 from evoharness.report import pipeline_summary, print_summary, write_summary
 from tasks.caching import run_stage
 from tasks.data import collect_task, ingest_task
-from tasks.evaluation import evaluate_task, promote_task, register_task
+from tasks.evaluation import evaluate_task, promote_task, recorded_evaluation, register_task
 from tasks.run import pipeline_run
 from tasks.traces import build_traces_task
-from tasks.training import grpo_task, sft_task
+from tasks.training import grpo_task, sft_from_model_task, sft_task
 
 REPO = str(Path(__file__).resolve().parent.parent)
 
@@ -30,13 +30,16 @@ REPO = str(Path(__file__).resolve().parent.parent)
 @flow(name="evoharness-pipeline")
 def pipeline(profile: str = "default", data_rev: str | None = None, split: str | None = None,
              limit: int | None = None, summary_json: str | None = None, repo: str = REPO,
-             until: str = "grpo") -> dict:
+             until: str = "grpo", sft_model: str | None = None) -> dict:
     """Run every stage once (cached stages are reused); returns the summary, also written to ``summary_json``.
 
     ``until``: ``grpo`` (every stage) or ``sft`` (no GRPO: the SFT policy is the candidate). Raises ValueError
-    for another value."""
+    for another value. ``sft_model``: a registered version (``models:/NAME@ALIAS``) or folder to start GRPO from
+    instead of training SFT (the data and trace stages still run: GRPO starts from their Experience store)."""
     if until not in ("sft", "grpo"):
         raise ValueError(f"until is {until!r}; use 'sft' or 'grpo'")
+    if sft_model and until != "grpo":
+        raise ValueError(f"--sft-model {sft_model} skips SFT training: it only makes sense with --until grpo")
     cfg = load_profile(profile, {"evaluate": {k: v for k, v in (("split", split), ("limit", limit)) if v is not None}})
     runs = str(Path(repo) / "runs")
     evals = str(Path(runs) / "eval" / time.strftime(f"%Y%m%d-%H%M%S-{cfg.profile}"))
@@ -54,7 +57,10 @@ def pipeline(profile: str = "default", data_rev: str | None = None, split: str |
         lap("ingest")
         traces, hit = run_stage(build_traces_task, episodes, md5, cfg, runs, pid)
         lap("build_traces", hit)
-        sft, hit = run_stage(sft_task, cfg, traces, runs, pid)
+        if sft_model:
+            sft, hit = sft_from_model_task(sft_model, runs), False
+        else:
+            sft, hit = run_stage(sft_task, cfg, traces, runs, pid)
         lap("sft", hit)
         grpo = None
         if until == "grpo":
@@ -63,7 +69,8 @@ def pipeline(profile: str = "default", data_rev: str | None = None, split: str |
         final = grpo or {"final_path": sft["final_path"], "experience_path": traces["experience_path"]}
         lineage = {"data_rev": data_rev or "workspace", "dvc_md5": md5, "data_path": cfg.collect.path,
                    "trace_hash": traces["content_hash"], "trace_run_id": traces["run_id"],
-                   "parent_model_run_id": sft["run_id"], "trained_until": until, "pipeline_run_id": pid,
+                   "parent_model_run_id": sft["run_id"], "trained_until": until,
+                   **({"parent_model_uri": sft["model_uri"]} if sft_model else {}), "pipeline_run_id": pid,
                    "config_digest": cfg.digest(),
                    **({"grpo_run_id": grpo["run_id"]} if grpo else {}),
                    **{k: parent.data.tags[k] for k in ("git_commit", "git_dirty", "profile",
@@ -73,9 +80,11 @@ def pipeline(profile: str = "default", data_rev: str | None = None, split: str |
         ev = evaluate_task(final["final_path"], cfg.evaluate, cfg.cost, evals, pid, final["experience_path"],
                            model["model_uri"], workspace_cfg=cfg.traces)
         parent_ev = None
-        if grpo:
+        if grpo and sft_model:  # a registered SFT model evaluated on these games with these settings: reuse it
+            parent_ev = recorded_evaluation(sft["model_uri"], cfg.evaluate)
+        if grpo and parent_ev is None:
             parent_ev = evaluate_task(sft["final_path"], cfg.evaluate, cfg.cost, evals, pid,
-                                      traces["experience_path"], f"runs:/{sft['run_id']}",
+                                      traces["experience_path"], sft.get("model_uri") or f"runs:/{sft['run_id']}",
                                       name=f"evaluate-parent-{cfg.evaluate.split}", parent_of=model["model_uri"],
                                       workspace_cfg=cfg.traces)
         lap("evaluate")
@@ -99,9 +108,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--limit", type=int, default=None, help="evaluate N games evenly spaced over the split (0 = all)")
     p.add_argument("--until", default="grpo", choices=["sft", "grpo"], help="last training stage (default: grpo)")
     p.add_argument("--summary-json", default=None, help="write the summary JSON here")
+    p.add_argument("--sft-model", default=None,
+                   help="start GRPO from this model (models:/NAME@ALIAS, models:/NAME/VERSION or a folder) instead "
+                        "of training SFT")
     a = p.parse_args(argv)
     return pipeline(profile=a.profile, data_rev=a.data_rev, split=a.split, limit=a.limit, summary_json=a.summary_json,
-                    until=a.until)
+                    until=a.until, sft_model=a.sft_model)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from prefect.cache_policies import NO_CACHE
 from evoharness.alfworld_env import list_games
 from evoharness.config import CostConfig, EvalConfig, TraceConfig
 from evoharness.evaluate import evaluate, spread
-from evoharness.registry import link_evaluation, link_parent_evaluation, promote
+from evoharness.registry import games_sha, link_evaluation, link_parent_evaluation, parse_model_uri, promote
 from evoharness.tracking import flat, log_and_register, log_trace_dataset, start_run
 from tasks.caching import RETRY, transient_only
 
@@ -67,6 +67,29 @@ def evaluate_task(
     summary["games"] = games
     log.info(f"{name}: success {summary['success_rate']:.3f} over {summary['episodes']} episodes")
     return summary
+
+
+def recorded_evaluation(model_uri: str, cfg: EvalConfig) -> dict | None:
+    """The summary of an evaluation already recorded on the registered version ``model_uri`` for the same split,
+    the same games and the same evaluation settings (every ``evaluate.*`` parameter equal); None when there is none.
+    Lets a pipeline started from a registered SFT model (``--sft-model``) compare against it without replaying the
+    split."""
+    from mlflow import MlflowClient
+
+    parsed = parse_model_uri(model_uri)
+    if parsed is None:
+        return None
+    games = spread(list_games(cfg.split), cfg.limit)
+    client = MlflowClient()
+    run_id = client.get_model_version(*parsed).tags.get(f"eval.{cfg.split}.{games_sha(games)}.run_id")
+    if run_id is None:
+        return None
+    params = client.get_run(run_id).data.params
+    if any(params.get(f"evaluate.{k}") != str(v) for k, v in cfg.__dict__.items()):
+        return None
+    summary = mlflow.artifacts.load_dict(f"runs:/{run_id}/summary.json")
+    get_run_logger().info(f"{model_uri}: reusing its evaluation run {run_id} on {cfg.split} ({len(games)} games)")
+    return summary | {"mlflow_run_id": run_id, "games": games}
 
 
 @task(

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import mlflow
 from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
 from evoharness.alfworld_env import list_games
 from evoharness.config import PipelineConfig
@@ -44,11 +45,12 @@ def sft_dir(p: dict) -> Path:
 def grpo_dir(p: dict) -> Path:
     """``runs/grpo/<key>``: keyed on the SFT checkpoint (itself content-addressed), GRPO and cost settings."""
     sft_epoch = Path(p["sft"]["final_path"]).parent / ".cache-epoch"  # a retrained SFT folder has a new epoch
+    epoch = sft_epoch.read_text() if sft_epoch.exists() else p["sft"].get("model_uri", "")  # --sft-model: its version
     return (
         Path(p["work_dir"])
         / "grpo"
         / content_key(
-            p["sft"]["final_path"], sft_epoch.read_text(), p["cfg"].grpo, p["cfg"].cost, p["cfg"].traces, p["work_dir"]
+            p["sft"]["final_path"], epoch, p["cfg"].grpo, p["cfg"].cost, p["cfg"].traces, p["work_dir"]
         )
     )
 
@@ -105,6 +107,35 @@ def sft_task(cfg: PipelineConfig, traces: dict, work_dir: str, parent_run_id: st
         result["run_id"] = run.info.run_id
     get_run_logger().info(f"sft: {result['global_step']} steps, loss {result['first_loss']} -> {result['last_loss']}")
     return result
+
+
+@task(name="sft-from-model", **RETRY, timeout_seconds=3600, cache_policy=NO_CACHE)
+def sft_from_model_task(model: str, work_dir: str) -> dict:
+    """The SFT policy taken from ``model`` instead of trained (``flows.pipeline --sft-model``): a registered version
+    (``models:/NAME/VERSION`` or ``models:/NAME@ALIAS``, resolved to its version now and downloaded once to
+    ``runs/sft/from-NAME-vVERSION``) or a local folder. Returns ``final_path``, ``run_id`` (the run that logged the
+    version; "" for a folder) and ``model_uri`` (the pinned version), the keys the GRPO stage needs from SFT.
+
+    Raises mlflow's ``MlflowException`` when the name, version or alias is not registered."""
+    from mlflow import MlflowClient
+
+    from evoharness.evaluate import resolve_model_path
+    from evoharness.registry import parse_model_uri
+
+    parsed = parse_model_uri(model)
+    if parsed is None:
+        if not (Path(model) / "config.json").exists():
+            raise FileNotFoundError(f"--sft-model {model!r}: neither models:/NAME/VERSION, models:/NAME@ALIAS nor a "
+                                    f"model folder with config.json")
+        return {"final_path": str(Path(model).resolve()), "run_id": "", "model_uri": str(Path(model).resolve())}
+    name, version = parsed
+    pinned = f"models:/{name}/{version}"
+    dst = Path(work_dir) / "sft" / f"from-{name}-v{version}"
+    done = dst / "model" / "config.json"
+    final = str(done.parent) if done.exists() else resolve_model_path(pinned, dst)
+    get_run_logger().info(f"sft: taken from {model} ({pinned}) at {final}")
+    return {"final_path": final, "run_id": MlflowClient().get_model_version(name, version).run_id,
+            "model_uri": pinned}
 
 
 @task(

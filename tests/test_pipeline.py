@@ -124,6 +124,21 @@ def test_pinned_rerun_and_registered_model_evaluation(first_run, pipeline_repo):
     assert expert["episodes"] == 2 and expert["split"] == "valid_train"
 
 
+def test_grpo_from_a_registered_sft_model_reuses_its_evaluation(first_run, pipeline_repo):
+    """--sft-model: GRPO starts from a registered version (no SFT training), the lineage names that version, and
+    the parent's evaluation on the same games and settings is the one already recorded on it, not replayed."""
+    from flows.pipeline import pipeline
+
+    use_store(pipeline_repo)
+    run = pipeline(profile="tiny", repo=str(pipeline_repo), sft_model="models:/evoharness-policy/1")
+    assert run["lineage"]["parent_model_uri"] == "models:/evoharness-policy/1"
+    assert run["sft"]["global_step"] is None and run["grpo_steps"] == 2  # nothing trained before GRPO
+    assert run["parent_evaluation"]["mlflow_run_id"] == first_run["evaluation_run_id"]
+    assert run["parent_evaluation"]["success_rate"] == first_run["success_rate"]
+    with pytest.raises(ValueError, match="--until grpo"):
+        pipeline(profile="tiny", repo=str(pipeline_repo), sft_model="models:/evoharness-policy/1", until="sft")
+
+
 def test_fresh_clone_regenerates_the_committed_version(git_repo, tiny_games):
     """No cache holds data.dvc's version: regenerate, check the md5; other settings must fail loudly."""
     first = ensure_data(git_repo, TINY_COLLECT, tiny_games)
