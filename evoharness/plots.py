@@ -4,20 +4,31 @@ from __future__ import annotations
 
 
 def annealing_figure(history: list[dict]):
-    """Matplotlib figure: success, reward, cost and meta-actions per episode by type over GRPO steps."""
+    """Matplotlib figure of GRPO's per-step rollout metrics (``evoharness.rollouts.episode_metrics``), 2 x 2 panels:
+    success rate, reward and cost; meta-actions per episode by type (harness annealing); environment steps and
+    generated tokens per episode; the rendered workspace's largest size per episode in tokens (harness evolution)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     steps = [h["step"] for h in history]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5))
+    fig, ((a, b), (c, d)) = plt.subplots(2, 2, figsize=(10, 6.5))
     for key in ("success_rate", "reward", "cost"):
         a.plot(steps, [h[key] for h in history], marker="o", label=key)
-    a.set_xlabel("GRPO step"), a.legend(), a.set_title("success, reward, cost")
+    a.legend(), a.set_title("success, reward, cost (per episode)")
     for m in ("track", "commit", "recall", "note"):
         b.plot(steps, [h[f"meta_actions_{m}"] for h in history], marker="o", label=m)
-    b.set_xlabel("GRPO step"), b.set_ylabel("per episode"), b.legend(), b.set_title("harness annealing")
+    b.set_ylabel("per episode"), b.legend(), b.set_title("harness annealing: meta-actions")
+    c.plot(steps, [h["env_steps"] for h in history], marker="o", label="environment steps")
+    c2 = c.twinx()
+    c2.plot(steps, [h["generated_tokens"] for h in history], marker="s", color="tab:red", label="generated tokens")
+    c.set_ylabel("environment steps"), c2.set_ylabel("generated tokens", color="tab:red")
+    c.set_title("steps and tokens per episode")
+    d.plot(steps, [h["workspace_tokens"] for h in history], marker="o")
+    d.set_ylabel("tokens"), d.set_title("harness evolution: largest rendered workspace")
+    for ax in (a, b, c, d):
+        ax.set_xlabel("GRPO step")
     fig.tight_layout()
     return fig
 
