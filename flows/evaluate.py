@@ -1,7 +1,7 @@
 """Evaluation alone: play a split with any policy.
 
     python -m flows.evaluate --policy MODEL_PATH|models:/NAME@ALIAS|expert|random --split NAME [--limit N]
-                             [--summary-json FILE] [--profile NAME]
+                             [--summary-json FILE] [--profile NAME] [--decoding remap|score]
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ REPO = str(Path(__file__).resolve().parent.parent)
 
 @flow(name="evoharness-evaluate", log_prints=True)
 def evaluate_flow(policy: str, split: str = "valid_seen", limit: int = 0, profile: str = "default",
-                  summary_json: str | None = None, repo: str = REPO) -> dict:
-    """Evaluate ``policy`` on ``split`` (``limit`` games evenly spaced, 0 = all); logs one MLflow run."""
+                  summary_json: str | None = None, repo: str = REPO, decoding: str | None = None) -> dict:
+    """Evaluate ``policy`` on ``split`` (``limit`` games evenly spaced, 0 = all); logs one MLflow run.
+    ``decoding`` overrides the profile's ``evaluate.decoding`` (``remap`` or ``score``)."""
     cfg = load_profile(profile)
-    ev_cfg = dataclasses.replace(cfg.evaluate, split=split, limit=limit)
+    ev_cfg = dataclasses.replace(cfg.evaluate, split=split, limit=limit, decoding=decoding or cfg.evaluate.decoding)
     configure(repo)
     work = Path(repo) / "runs" / time.strftime(f"%Y%m%d-%H%M%S-eval-{split}")
     import mlflow
@@ -49,8 +50,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--limit", type=int, default=0, help="N games evenly spaced over the split (0 = all)")
     p.add_argument("--profile", default="default")
     p.add_argument("--summary-json", default=None)
+    p.add_argument("--decoding", default=None, choices=["remap", "score"],
+                   help="how an act call becomes an admissible command (default: the profile's)")
     a = p.parse_args(argv)
-    return evaluate_flow(a.policy, a.split, a.limit, a.profile, a.summary_json)
+    return evaluate_flow(a.policy, a.split, a.limit, a.profile, a.summary_json, decoding=a.decoding)
 
 
 if __name__ == "__main__":
