@@ -191,10 +191,10 @@ class LMPolicy:
             for i, c in enumerate(part):
                 batch[i, :len(c)] = torch.tensor(c)
                 mask[i, :len(context) + len(c)] = 1  # right padding: real tokens never attend to it
-            cache = copy.deepcopy(out.past_key_values)
+            cache = copy.deepcopy(out.cache)
             cache.batch_repeat_interleave(len(part))
             logits = self.model(input_ids=batch.to(device), attention_mask=mask.to(device),
-                                past_key_values=cache, use_cache=True).logits
+                                cache=cache, use_cache=True).logits
             logp = torch.log_softmax(logits.float(), dim=-1)  # position j predicts candidate token j + 1
             for i, c in enumerate(part):
                 tail = logp[i, torch.arange(len(c) - 1), torch.tensor(c[1:])].tolist() if len(c) > 1 else []
