@@ -6,9 +6,9 @@ right on 90 % of its calls rarely finishes a 20-step episode without a mistake).
         [--limit 400] [--out docs/next-call-accuracy.md]
 
 Greedy generation of the whole call (``model.generate``), parsed with ``evoharness.agent.parse_tool_call``.
-Prints per tool: examples, well-formed share, right tool, exact arguments; and for ``act`` how often the exact
-command was produced. ``--limit`` examples evenly spaced over the file. Exits 2 on a history-context file (its
-examples are whole episodes, not turns).
+Prints per tool (``act`` split by the command's verb: go, take, put, open, ...): examples, well-formed share,
+right tool, exact arguments (for ``act``: the exact command). ``--limit`` examples evenly spaced over the file.
+Exits 2 on a history-context file (its examples are whole episodes, not turns).
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
             out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=64,
                                  do_sample=False, eos_token_id=end, pad_token_id=tok.pad_token_id)
         got_name, got_args = parse_tool_call(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=False))
-        s = stats.setdefault(name, Counter())
+        key = f"act: {args.get('command', '').split(' ')[0]}" if name == "act" else name  # by verb: go, take, ...
+        s = stats.setdefault(key, Counter())
         s["examples"] += 1
         s["well_formed"] += got_name is not None
         s["right_tool"] += got_name == name
@@ -76,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
             rate = (i + 1) / (time.time() - t0)
             print(f"[accuracy] {i + 1}/{len(rows)} {rate:.1f} examples/s, ETA {(len(rows) - i - 1) / rate:.0f} s",
                   flush=True)
-    total = sum((c for c in stats.values()), Counter())
+    total = Counter()
+    for c in stats.values():
+        total.update(c)
     lines = ["| call | examples | well-formed | right tool | exact call |", "| --- | --- | --- | --- | --- |"]
     for name, c in sorted(stats.items()) + [("all", total)]:
         n = c["examples"]
