@@ -5,7 +5,8 @@ from __future__ import annotations
 
 def annealing_figure(history: list[dict]):
     """Matplotlib figure of GRPO's per-step rollout metrics (``evoharness.rollouts.episode_metrics``), 2 x 2 panels:
-    success rate, reward and cost; meta-actions per episode by type (harness annealing); environment steps and
+    success rate, reward and cost; meta-actions per episode by type and malformed turns (harness annealing, and
+    what replaced the calls); environment steps and
     generated tokens per episode; the rendered workspace's largest size per episode in tokens (harness evolution)."""
     import matplotlib
 
@@ -19,6 +20,7 @@ def annealing_figure(history: list[dict]):
     a.legend(), a.set_title("success, reward, cost (per episode)")
     for m in ("track", "commit", "recall", "note"):
         b.plot(steps, [h[f"meta_actions_{m}"] for h in history], marker="o", label=m)
+    b.plot(steps, [h.get("malformed", 0) for h in history], "k--", label="malformed turns")
     b.set_ylabel("per episode"), b.legend(), b.set_title("harness annealing: meta-actions")
     c.plot(steps, [h["env_steps"] for h in history], marker="o", label="environment steps")
     c2 = c.twinx()
