@@ -53,6 +53,8 @@ class LMPolicy:
         self.context, self.decoding, self.tools, self.chunk = context, decoding, tools, chunk
         self.scored = 0
         self.forced = 0
+        # the canonical opening of an act call up to its command string: forced and malformed turns are scored after it
+        self.act_prefix_ids = tokenizer(EMPTY_THINK + ACT_PREFIX, add_special_tokens=False)["input_ids"]
 
     def start(self, messages: list[dict], tools: list[dict]) -> None:
         self.generated_tokens = 0
@@ -117,7 +119,7 @@ class LMPolicy:
             self.truncated = True
             return Decision(None, {}, malformed=True, text="look")
         score = self.decoding == "score" and bool(state.get("admissible_commands"))
-        prefix = self.tok(EMPTY_THINK + ACT_PREFIX, add_special_tokens=False)["input_ids"] if score else []
+        prefix = self.act_prefix_ids if score else []
         if score and state.get("force_act"):  # the previous call changed nothing: act, scored as usual
             self.forced += 1
             return self._score_act(ids, prefix, [0.0] * len(prefix), [0] * len(prefix), state["admissible_commands"])

@@ -58,11 +58,17 @@ def link_parent_evaluation(model_uri: str, run_id: str) -> None:
     MlflowClient().set_model_version_tag(name, version, "parent_evaluation_run_id", run_id)
 
 
-def recorded_success(name: str, version: str, split: str, games: list[str]) -> float | None:
-    """The success rate recorded on a version for exactly this split and game list, if any."""
+def recorded_evaluation_tag(name: str, version: str, split: str, games: list[str], field: str) -> str | None:
+    """A tag ``link_evaluation`` recorded on a version for exactly this split and game list (``field``:
+    ``success_rate`` or ``run_id``), if any."""
     from mlflow import MlflowClient
 
-    tag = MlflowClient().get_model_version(name, version).tags.get(f"eval.{split}.{games_sha(games)}.success_rate")
+    return MlflowClient().get_model_version(name, version).tags.get(f"eval.{split}.{games_sha(games)}.{field}")
+
+
+def recorded_success(name: str, version: str, split: str, games: list[str]) -> float | None:
+    """The success rate recorded on a version for exactly this split and game list, if any."""
+    tag = recorded_evaluation_tag(name, version, split, games, "success_rate")
     return float(tag) if tag is not None else None
 
 

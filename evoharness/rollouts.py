@@ -61,17 +61,25 @@ def build_prompts(games: list[str], data_dir: str | None = None) -> tuple[list[d
     return rows, by_obs
 
 
-class HarnessRollouts:
-    """TRL ``rollout_func``: plays one episode per prompt entry and returns tokens, logprobs, env_mask, rewards."""
+class _Rollouts:
+    """What both ``rollout_func`` layouts hold: the games by first observation, settings, the shared Experience
+    store, the per-step history file and the number of calls so far (seeds and episode ids)."""
 
     def __init__(self, by_obs: dict[str, str], cfg: GRPOStageConfig, cost: CostConfig, experience_path: str,
                  history_path: str, data_dir: str | None = None, workspace_cfg: TraceConfig | None = None):
         self.by_obs, self.cfg, self.cost = by_obs, cfg, cost
-        self.workspace_cfg = workspace_cfg or TraceConfig()
+        self.workspace_cfg = workspace_cfg or TraceConfig(context=self.context)
         self.experience = ExperienceStore(experience_path)
         self.history_path = Path(history_path)
         self.data_dir = data_dir
         self.calls = 0
+
+
+
+class HarnessRollouts(_Rollouts):
+    """TRL ``rollout_func``: plays one episode per prompt entry and returns tokens, logprobs, env_mask, rewards."""
+
+    context = "history"
 
     def __call__(self, prompts: list, trainer) -> dict:
         from evoharness.agent import run_episode
@@ -93,10 +101,8 @@ class HarnessRollouts:
             results.append(res)
             rollout = policy.rollout() if getattr(policy, "prompt_ids", None) else {}
             if not any(rollout.get("env_mask", [])):  # reset failed or nothing generated: one masked token
-                prompt_ids = rollout.get("prompt_ids") or tokenizer.apply_chat_template(
-                    prompt, tools=TOOLS, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
-                rollout = {"prompt_ids": prompt_ids, "completion_ids": [policy.end_id], "logprobs": [0.0],
-                           "env_mask": [0]}
+                rollout = empty_turn(tokenizer, prompt, TOOLS) | (
+                    {"prompt_ids": rollout["prompt_ids"]} if rollout.get("prompt_ids") else {})
             for k, v in rollout.items():
                 out[k].append(v)
             out["episode_reward"].append(res.reward)
@@ -105,7 +111,7 @@ class HarnessRollouts:
         return out
 
 
-class TurnRollouts:
+class TurnRollouts(_Rollouts):
     """TRL ``rollout_func`` for the ``turn`` context: ``num_generations`` episodes per game, ``turns_per_episode``
     sampled turns per episode, each turn one GRPO sample (see the module docstring).
 
@@ -115,14 +121,7 @@ class TurnRollouts:
     every executed command is admissible; meta-actions are sampled token by token.
     """
 
-    def __init__(self, by_obs: dict[str, str], cfg: GRPOStageConfig, cost: CostConfig, experience_path: str,
-                 history_path: str, data_dir: str | None = None, workspace_cfg: TraceConfig | None = None):
-        self.by_obs, self.cfg, self.cost = by_obs, cfg, cost
-        self.workspace_cfg = workspace_cfg or TraceConfig(context="turn")
-        self.experience = ExperienceStore(experience_path)
-        self.history_path = Path(history_path)
-        self.data_dir = data_dir
-        self.calls = 0
+    context = "turn"
 
     def play(self, model, tokenizer, game: str, episode_id: str, seed: int):
         """One sampled episode of ``game``; returns (EpisodeResult, the policy's recorded turns)."""
@@ -186,10 +185,11 @@ def sample_turns(turns: list[dict], k: int, seed: int) -> list[dict]:
     return rng.sample(turns, k) if len(turns) >= k else [rng.choice(turns) for _ in range(k)]
 
 
-def empty_turn(tokenizer, prompt: list[dict]) -> dict:
-    """A sample with nothing to learn from (one masked end token) for an episode that played no turn (its reset
-    failed): it still fills its place in the group."""
-    ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)
+def empty_turn(tokenizer, prompt: list[dict], tools: list[dict] | None = None) -> dict:
+    """A sample with nothing to learn from (one masked end token) for an episode that played no turn or generated
+    nothing (its reset failed): it still fills its place in the group."""
+    ids = tokenizer.apply_chat_template(prompt, tools=tools, add_generation_prompt=True, tokenize=True,
+                                        return_dict=True)
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     return {"prompt_ids": ids["input_ids"], "completion_ids": [end], "logprobs": [0.0], "env_mask": [0]}
 

@@ -11,7 +11,13 @@ from prefect.cache_policies import NO_CACHE
 from evoharness.alfworld_env import list_games
 from evoharness.config import CostConfig, EvalConfig, TraceConfig
 from evoharness.evaluate import evaluate, spread
-from evoharness.registry import games_sha, link_evaluation, link_parent_evaluation, parse_model_uri, promote
+from evoharness.registry import (
+    link_evaluation,
+    link_parent_evaluation,
+    parse_model_uri,
+    promote,
+    recorded_evaluation_tag,
+)
 from evoharness.tracking import flat, log_and_register, log_trace_dataset, start_run
 from tasks.caching import RETRY, transient_only
 
@@ -80,11 +86,10 @@ def recorded_evaluation(model_uri: str, cfg: EvalConfig) -> dict | None:
     if parsed is None:
         return None
     games = spread(list_games(cfg.split), cfg.limit)
-    client = MlflowClient()
-    run_id = client.get_model_version(*parsed).tags.get(f"eval.{cfg.split}.{games_sha(games)}.run_id")
+    run_id = recorded_evaluation_tag(*parsed, cfg.split, games, "run_id")
     if run_id is None:
         return None
-    params = client.get_run(run_id).data.params
+    params = MlflowClient().get_run(run_id).data.params
     if any(params.get(f"evaluate.{k}") != str(v) for k, v in cfg.__dict__.items()):
         return None
     summary = mlflow.artifacts.load_dict(f"runs:/{run_id}/summary.json")
