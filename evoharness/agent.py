@@ -74,6 +74,7 @@ class EpisodeResult:
     malformed: int = 0
     remapped: int = 0
     invalid_meta: int = 0
+    rejected_turns: int = 0
     error: str | None = None
     workspace_tokens: list[int] = field(default_factory=list)
     transcript: list[dict] = field(default_factory=list)
@@ -119,8 +120,11 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
     ``max_env_steps + max_meta_actions + 2`` turns in all (room for refused calls and the last note). Each
     environment call gets ``env_timeout_s`` seconds; one that raises or hangs ends the episode unwon with ``error`` set.
 
-    Reward = won - cost (``EpisodeUsage.cost``): the cost charges *executed* meta-actions (invalid or refused calls
-    are counted and charged only their generated tokens) and every generated token.
+    Reward = won - cost (``EpisodeUsage.cost``): the cost charges *executed* meta-actions at their ``per_call`` price,
+    every generated token, and every *rejected* turn at ``per_rejected_turn`` (a malformed turn, even one score
+    decoding still plays as an act; an unknown tool; a meta-action whose arguments fail its schema or that is refused
+    over ``max_meta_actions``). So an attempted call always costs: executed at its type's price, rejected at the
+    rejection price.
 
     The transcript holds one entry per turn: the tool and arguments, the result, the turn's cost in reward units,
     and the rendered workspace after it.
@@ -163,11 +167,13 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
                 error = "context window full: episode truncated"
             break
         malformed += dec.malformed
+        workspace.usage.rejected_turns += dec.malformed
         entry = {"turn": dec.name or "malformed", "args": dec.args, "generated_tokens":
                  workspace.usage.generated_tokens - tokens_before}
         if finished:  # the last turn: only a note is executed
             if dec.name == "note" and (view is None or view.harness):
                 entry["result"], entry["ok"] = workspace.call("note", dec.args, env_steps)
+                workspace.usage.rejected_turns += not entry["ok"]
                 transcript.append(_close(entry, workspace, cost_cfg, cost_before))
             break
         if dec.name in META_ACTIONS:
@@ -176,11 +182,13 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
                 meta += ok  # the budget counts executed calls; invalid ones are bounded by the turn budget
             else:
                 text, ok = f"error: meta-action budget of {max_meta_actions} spent; act instead", False
+            workspace.usage.rejected_turns += not ok
             entry.update(result=text, ok=ok)
             if view is not None:
                 view.record_meta(dec.name, text, ok)
         elif dec.name not in (None, "act"):
             malformed += 1
+            workspace.usage.rejected_turns += 1
             text = f"error: unknown tool {dec.name!r}; call act or one of {list(META_ACTIONS)}"
             entry.update(result=text, ok=False)
             if view is not None:
@@ -227,5 +235,6 @@ def _result(env, ws, cost_cfg, won, env_steps, malformed, remapped, error, ws_to
         game=getattr(env, "game", ""), task_type=getattr(env, "task_type", ""), won=won, env_steps=env_steps,
         meta_actions=dict(ws.usage.calls), generated_tokens=ws.usage.generated_tokens, cost=cost,
         reward=float(won) - cost, malformed=malformed, remapped=remapped, invalid_meta=ws.usage.invalid_calls,
+        rejected_turns=ws.usage.rejected_turns,
         error=error, workspace_tokens=ws_tokens, transcript=transcript,
         cost_by_type=ws.usage.cost_by_type(cost_cfg))

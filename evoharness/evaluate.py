@@ -90,6 +90,7 @@ def summarize(results, split: str, games_total: int) -> dict:
         "cost_per_episode": sum(r.cost for r in results) / n,
         "cost_per_episode_by_type": {m: sum(r.cost_by_type.get(m, 0.0) for r in results) / n for m in META_ACTIONS},
         "malformed_per_episode": sum(r.malformed for r in results) / n,
+        "rejected_turns_per_episode": sum(r.rejected_turns for r in results) / n,
         "remapped_per_episode": sum(r.remapped for r in results) / n,
         "mean_reward": sum(r.reward for r in results) / n,
         "errors": [f"{r.game}: {r.error}" for r in results if r.error],

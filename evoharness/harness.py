@@ -133,12 +133,15 @@ class Subgoal:
 
 @dataclass
 class EpisodeUsage:
-    """Per-episode harness accounting: executed calls by type, their tokens, the policy's generated tokens."""
+    """Per-episode harness accounting: executed calls by type, their tokens, the policy's generated tokens, and the
+    turns the harness rejected (``rejected_turns``: malformed output, unknown tools, invalid or refused meta-actions;
+    ``invalid_calls`` counts the meta-actions among them whose arguments failed the schema)."""
 
     calls: dict[str, int] = field(default_factory=lambda: {m: 0 for m in META_ACTIONS})
     call_tokens_by_type: dict[str, int] = field(default_factory=lambda: {m: 0 for m in META_ACTIONS})
     generated_tokens: int = 0
     invalid_calls: int = 0
+    rejected_turns: int = 0
 
     @property
     def call_tokens(self) -> int:
@@ -151,8 +154,9 @@ class EpisodeUsage:
 
     def cost(self, cfg: CostConfig) -> float:
         """cost = sum_type per_call[type] * calls[type] + per_call_token * call_tokens
-        + per_generated_token * generated_tokens (reward units)."""
-        return sum(self.cost_by_type(cfg).values()) + cfg.per_generated_token * self.generated_tokens
+        + per_generated_token * generated_tokens + per_rejected_turn * rejected_turns (reward units)."""
+        return (sum(self.cost_by_type(cfg).values()) + cfg.per_generated_token * self.generated_tokens
+                + cfg.per_rejected_turn * self.rejected_turns)
 
 
 class Workspace:

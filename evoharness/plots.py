@@ -21,6 +21,7 @@ def annealing_figure(history: list[dict]):
     for m in ("track", "commit", "recall", "note"):
         b.plot(steps, [h[f"meta_actions_{m}"] for h in history], marker="o", label=m)
     b.plot(steps, [h.get("malformed", 0) for h in history], "k--", label="malformed turns")
+    b.plot(steps, [h.get("rejected_turns", 0) for h in history], "k:", label="rejected turns (charged)")
     b.set_ylabel("per episode"), b.legend(), b.set_title("harness annealing: meta-actions")
     c.plot(steps, [h["env_steps"] for h in history], marker="o", label="environment steps")
     c2 = c.twinx()

@@ -9,7 +9,8 @@ from evoharness.harness import META_ACTIONS
 
 EVAL_KEYS = ("split", "episodes", "games_in_split", "success_rate", "success_by_task_type", "episodes_by_task_type",
              "mean_steps", "meta_actions_per_episode", "meta_actions_by_task_type", "generated_tokens_per_episode",
-             "cost_per_episode", "cost_per_episode_by_type", "malformed_per_episode", "remapped_per_episode", "errors")
+             "cost_per_episode", "cost_per_episode_by_type", "malformed_per_episode", "rejected_turns_per_episode",
+             "remapped_per_episode", "errors")
 
 
 def pipeline_summary(ev: dict, parent_ev: dict, model: dict, grpo: dict, sft: dict, traces: dict, data: dict,
@@ -27,7 +28,8 @@ def pipeline_summary(ev: dict, parent_ev: dict, model: dict, grpo: dict, sft: di
             "first_step": {m: grpo["first"][f"meta_actions_{m}"] for m in META_ACTIONS},
             "last_step": {m: grpo["last"][f"meta_actions_{m}"] for m in META_ACTIONS}} if grpo else None,
         "grpo_steps": grpo["global_step"] if grpo else 0,
-        "parent_evaluation": ({k: parent_ev[k] for k in EVAL_KEYS} | {"mlflow_run_id": parent_ev["mlflow_run_id"]}
+        # .get: a parent's recorded evaluation may predate a key (rejected turns were added after issue 6's first run)
+        "parent_evaluation": ({k: parent_ev.get(k) for k in EVAL_KEYS} | {"mlflow_run_id": parent_ev["mlflow_run_id"]}
                               if parent_ev else None),
         "promotion": promotion,
         "sft": {k: sft.get(k) for k in ("global_step", "first_loss", "last_loss", "parameters", "world_size",

@@ -38,6 +38,7 @@ def episode_metrics(results) -> dict:
         "env_steps": sum(r.env_steps for r in results) / n,
         "generated_tokens": sum(r.generated_tokens for r in results) / n,
         "malformed": sum(r.malformed for r in results) / n,
+        "rejected_turns": sum(r.rejected_turns for r in results) / n,
         "workspace_tokens": sum(max(r.workspace_tokens or [0]) for r in results) / n,
         "meta_actions": sum(sum(r.meta_actions.values()) for r in results) / n,
     }

@@ -46,20 +46,22 @@ def test_reward_is_won_minus_logged_cost_for_scripted_episode():
     game = list_games("valid_seen", limit=1)[0]
     env = ALFWorldEnv(game, max_steps=60)
     script = [Decision("recall", {"query": "find"}), Decision("commit", {"id": "g", "status": "active"}),
+              Decision("commit", {"id": "g", "status": "bad"}),  # invalid: charged as a rejected turn, not a call
               Decision("track", {"entity": "x 1", "attribute": "location", "value": "desk 1"}),
-              Decision("commit", {"id": "g", "status": "bad"}),  # invalid: not charged as a call
-              Decision(None, {}, malformed=True, text="lok")]
+              Decision(None, {}, malformed=True, text="lok"),  # malformed: rejected, though it still acts
+              Decision("track", {"entity": "y 1", "attribute": "location", "value": "desk 1"})]  # over budget
     ws = Workspace(ExperienceStore(), "scripted")
     cost = CostConfig(per_call={"track": 0.1, "commit": 0.2, "recall": 0.3, "note": 0.4}, per_call_token=0.001,
-                      per_generated_token=0.002)
-    res = run_episode(env, Scripted(script), ws, cost, max_env_steps=60)
+                      per_generated_token=0.002, per_rejected_turn=0.05)
+    res = run_episode(env, Scripted(script), ws, cost, max_env_steps=60, max_meta_actions=3)
     env.close()
     assert res.won
     assert res.meta_actions == {"track": 1, "commit": 1, "recall": 1, "note": 0}
-    assert res.invalid_meta == 1 and res.malformed == 1
-    turns = 5 + res.env_steps - 1 + 1  # scripted turns (malformed one acts) + expert acts + the final note turn
+    assert res.invalid_meta == 1 and res.malformed == 1 and res.rejected_turns == 3
+    assert res.transcript[5]["result"].startswith("error: meta-action budget of 3 spent")
+    turns = 6 + res.env_steps - 1 + 1  # scripted turns (malformed one acts) + expert acts + the final note turn
     assert res.generated_tokens == 5 * turns
-    expected = 0.1 + 0.2 + 0.3 + 0.001 * ws.usage.call_tokens + 0.002 * res.generated_tokens
+    expected = 0.1 + 0.2 + 0.3 + 0.001 * ws.usage.call_tokens + 0.002 * res.generated_tokens + 0.05 * 3
     assert res.cost == pytest.approx(expected)
     tok = ws.usage.call_tokens_by_type
     assert res.cost_by_type == pytest.approx({
