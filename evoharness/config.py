@@ -212,8 +212,18 @@ class GRPOStageConfig:
             1.0: the default SFT model's first turns were malformed tool calls in 13 of 16 samples at 1.0, 6 of 16
             at 0.7, 0 of 4 greedy (4 train games).
         beta: KL coefficient to the reference (SFT) policy; 0 disables the reference model.
-        bf16: on a GPU, train in bf16 (ignored on CPU). Rollouts are generated with ``model.generate`` on the
-            training device (no vLLM yet).
+        bf16: on a GPU, train in bf16 (ignored on CPU).
+        use_vllm / vllm_gpu_memory_utilization: generate rollout turns with TRL's vLLM engine in colocate mode
+            (``evoharness.rollouts.vllm_generate_fn``; GPUs only, ``pip install vllm``); otherwise ``model.generate``
+            on the training device. Candidate scoring (score decoding) runs on the training model either way.
+        num_processes / accelerate_config: the parallel rollout workers. GRPO runs under ``accelerate launch`` with
+            this many processes (DDP: ``accelerate/cpu_<n>proc.yaml`` on CPUs by default, ``accelerate/ddp_gpu.yaml``
+            with one process per GPU); each process plays ``prompts_per_step / num_processes`` of a step's games
+            (whole groups, so TRL's group normalisation never mixes processes) and trains on their samples. The
+            step's metrics are gathered over all processes. Every process holds the whole model (DDP), so each
+            generates on its own: with a large model use LoRA (``lora_r``), as the ``paper`` profile does.
+        model_dtype / gradient_checkpointing / lora_*: as ``SFTStageConfig``; with ``lora_r`` > 0 GRPO trains a
+            LoRA adapter (``GRPOTrainer(peft_config=...)``) and the adapter is merged into the saved final model.
     """
 
     split: str = "train"
@@ -232,8 +242,21 @@ class GRPOStageConfig:
     bf16: bool = False
     save_steps: int = 50
     seed: int = 0
+    num_processes: int = 1
+    accelerate_config: str = ""
+    model_dtype: str = "float32"
+    gradient_checkpointing: bool = False
+    lora_r: int = 0
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    lora_target_modules: str = "all-linear"
+    use_vllm: bool = False
+    vllm_gpu_memory_utilization: float = 0.3
 
     def __post_init__(self):
+        if self.num_processes < 1 or self.prompts_per_step % self.num_processes:
+            raise ValueError(f"grpo.prompts_per_step ({self.prompts_per_step}) must be a multiple of "
+                             f"grpo.num_processes ({self.num_processes}): each process plays whole groups")
         if self.temperature <= 0:
             raise ValueError(f"grpo.temperature is {self.temperature}: GRPO samples its rollouts, use a value > 0")
         if self.turns_per_episode < 1:

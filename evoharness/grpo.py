@@ -10,7 +10,8 @@ The path from rollout to loss (GRPO: Shao et al. 2024, "DeepSeekMath", arXiv:240
 1. rollout: each prompt (a game's first observation) is played ``num_generations`` times -> a group (``turn``
    context: ``turns_per_episode`` turns of each episode are the group's samples);
 2. reward: ``won - cost`` with cost = per-call price of each *executed* meta-action + per-token price of the
-   calls' arguments and results + per-token price of everything the policy generated (``EpisodeUsage.cost``);
+   calls' arguments and results + per-token price of everything the policy generated + a price per turn the harness
+   rejected: malformed output, unknown tool, invalid or refused meta-action (``EpisodeUsage.cost``);
 3. advantage: TRL normalises rewards within each group; the loss uses generated tokens only (``env_mask``).
 
 Per step it logs to MLflow: success rate, reward, cost, meta-actions per episode by type (the annealing curve),
@@ -25,7 +26,7 @@ import os
 from pathlib import Path
 
 from evoharness.config import CostConfig, GRPOStageConfig, TraceConfig
-from evoharness.rollouts import HarnessRollouts, TurnRollouts, build_prompts
+from evoharness.rollouts import HarnessRollouts, TurnRollouts, build_prompts, read_history
 
 
 def episode_reward(prompts, completions, episode_reward, **kwargs) -> list[float]:
@@ -35,49 +36,60 @@ def episode_reward(prompts, completions, episode_reward, **kwargs) -> list[float
 
 def train_grpo(model_path: str, games: list[str], output_dir: str, cfg: GRPOStageConfig, cost: CostConfig,
                experience_path: str, data_dir: str | None = None, workspace_cfg: TraceConfig | None = None) -> dict:
-    """Run cost-aware GRPO from ``model_path``; returns the final path and the first/last step's metrics.
+    """Run cost-aware GRPO from ``model_path``; returns the final path, the world size and the first/last step's
+    metrics (on the main process; {} on the others).
 
-    Checkpoints go to ``output_dir/checkpoints`` and a re-run resumes from the last one.
+    Run under ``accelerate launch`` with any number of processes: each plays ``prompts_per_step / world size`` games
+    per step (see ``GRPOStageConfig.num_processes``). Checkpoints go to ``output_dir/checkpoints`` and a re-run
+    resumes from the last one. Raises ValueError when ``prompts_per_step`` is not a multiple of the world size.
     """
     import torch
     from datasets import Dataset
     from transformers.trainer_utils import get_last_checkpoint
     from trl import GRPOConfig, GRPOTrainer
 
-    from evoharness.model import load_policy
+    from evoharness.model import load_policy, lora_config, save_final
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # set by accelerate launch (torchrun); before any Accelerator
+    if cfg.prompts_per_step % world:
+        raise ValueError(f"grpo.prompts_per_step ({cfg.prompts_per_step}) is not a multiple of the {world} "
+                         "processes: each process plays whole groups")
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows, by_obs = build_prompts(games, data_dir)
-    model, tokenizer = load_policy(model_path)
+    model, tokenizer = load_policy(model_path, dtype=cfg.model_dtype)
+    peft_config = lora_config(cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
     ckpt_dir = out / "checkpoints"
     turn = workspace_cfg is not None and workspace_cfg.context == "turn"
     group = cfg.num_generations * (cfg.turns_per_episode if turn else 1)  # samples per game per step
     on_gpu = torch.cuda.is_available()
+    if cfg.use_vllm and not on_gpu:
+        raise ValueError("grpo.use_vllm needs CUDA GPUs (vLLM colocate mode); set it to false on this machine")
     args = GRPOConfig(
-        output_dir=str(ckpt_dir), per_device_train_batch_size=cfg.prompts_per_step * group,
+        output_dir=str(ckpt_dir), per_device_train_batch_size=cfg.prompts_per_step // world * group,
         gradient_accumulation_steps=1, num_generations=group, max_steps=cfg.max_steps,
         learning_rate=cfg.learning_rate, beta=cfg.beta, temperature=max(cfg.temperature, 1e-3),
         max_completion_length=model.config.max_position_embeddings, logging_steps=1,
         save_steps=cfg.save_steps, seed=cfg.seed, use_cpu=not on_gpu, bf16=cfg.bf16 and on_gpu,
+        gradient_checkpointing=cfg.gradient_checkpointing,
+        use_vllm=cfg.use_vllm, vllm_mode="colocate", vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
         report_to=["mlflow"] if os.environ.get("MLFLOW_RUN_ID") else "none", disable_tqdm=False,
     )
     rollout_cls = TurnRollouts if turn else HarnessRollouts
     rollouts = rollout_cls(by_obs, cfg, cost, experience_path, str(out / "history.jsonl"), data_dir, workspace_cfg)
     trainer = GRPOTrainer(model=model, reward_funcs=[episode_reward], args=args,
-                          train_dataset=Dataset.from_list(rows), processing_class=tokenizer, rollout_func=rollouts)
+                          train_dataset=Dataset.from_list(rows), processing_class=tokenizer, rollout_func=rollouts,
+                          peft_config=peft_config)
     last = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.exists() else None
     trainer.train(resume_from_checkpoint=last)
     final = out / "final"
-    trainer.save_model(str(final))
-    tokenizer.save_pretrained(str(final))
-    by_step = {}  # a resumed run may have logged a step twice: keep the last
-    for line in (out / "history.jsonl").read_text().splitlines():
-        by_step[json.loads(line)["step"]] = json.loads(line)
-    history = [by_step[k] for k in sorted(by_step)]
+    save_final(trainer, tokenizer, final, merge_lora=peft_config is not None)
+    if not trainer.accelerator.is_main_process:  # only the main process writes the history and the result
+        return {}
+    history = read_history(out / "history.jsonl")
     return {"final_path": str(final), "global_step": trainer.state.global_step, "resumed_from": last,
-            "first": history[0], "last": history[-1], "steps_logged": len(history)}
+            "world_size": world, "first": history[0], "last": history[-1], "steps_logged": len(history)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -88,7 +100,8 @@ def main(argv: list[str] | None = None) -> None:
     result = train_grpo(spec["model_path"], spec["games"], spec["output_dir"], GRPOStageConfig(**spec["grpo"]),
                         CostConfig(**spec["cost"]), spec["experience_path"], spec.get("data_dir"),
                         TraceConfig(**spec["traces"]) if spec.get("traces") else None)
-    Path(spec["output_dir"], "result.json").write_text(json.dumps(result, indent=1))
+    if result:  # the main process
+        Path(spec["output_dir"], "result.json").write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

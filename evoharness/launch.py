@@ -35,7 +35,8 @@ def accelerate_launch(module: str, spec: dict, workdir: str | Path, num_processe
     if config_file:
         config = Path(config_file) if Path(config_file).is_absolute() else ACCELERATE_DIR.parent / config_file
         if not config.exists():
-            raise FileNotFoundError(f"Accelerate config {config} not found (sft.accelerate_config)")
+            raise FileNotFoundError(f"Accelerate config {config} not found (sft.accelerate_config or "
+                                    "grpo.accelerate_config)")
     else:
         config = accelerate_config(num_processes)
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),

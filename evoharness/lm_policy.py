@@ -35,6 +35,11 @@ class LMPolicy:
             scored as an ``act`` call too. Every executed command is then admissible by construction.
         tools: the tool schemas rendered into a ``turn`` prompt (None: left out, ``TraceConfig.tools_in_prompt``).
         chunk: candidates scored per forward pass.
+        generate_fn: another generation backend, ``(prompt ids, max_new_tokens) -> (generated ids, their
+            log-probabilities)`` for one sampled turn, e.g. TRL's vLLM engine during GRPO
+            (``evoharness.rollouts.vllm_generate_fn``). It need not stop at ``<|im_end|>`` or at the command opening
+            that score decoding stops at: the turn is cut here, as ``model.generate``'s stop strings would cut it.
+            Candidate scoring still runs on ``model``.
 
     In the ``turn`` context with ``score`` decoding, ``state["force_act"]`` (set by ``run_episode`` when a turn left
     the prompt unchanged) skips generation and scores the admissible commands right away (counted in ``forced``).
@@ -42,7 +47,7 @@ class LMPolicy:
 
     def __init__(self, model, tokenizer, max_new_tokens: int = 48, temperature: float = 0.0,
                  max_context: int | None = None, context: str = "history", decoding: str = "remap",
-                 tools: list[dict] | None = None, chunk: int = 16):
+                 tools: list[dict] | None = None, chunk: int = 16, generate_fn=None):
         if decoding == "score" and context != "turn":
             raise ValueError("decoding 'score' needs the turn context (traces.context: turn)")
         self.model, self.tok = model, tokenizer
@@ -51,6 +56,7 @@ class LMPolicy:
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", 4096)
         self.end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.context, self.decoding, self.tools, self.chunk = context, decoding, tools, chunk
+        self.generate_fn = generate_fn
         self.scored = 0
         self.forced = 0
         # the canonical opening of an act call up to its command string: forced and malformed turns are scored after it
@@ -95,7 +101,17 @@ class LMPolicy:
 
     def _generate(self, ids: list[int], stop_strings: list[str] | None = None) -> tuple[list[int], list[float]]:
         """One assistant turn after ``ids`` with ``model.generate`` (greedy, or sampled at ``temperature`` with
-        top-k/top-p off); returns the generated ids, cut after ``<|im_end|>``, and their log-probabilities."""
+        top-k/top-p off) or ``generate_fn``; returns the generated ids, cut after ``<|im_end|>`` or after the first
+        of ``stop_strings``, and their log-probabilities."""
+        if self.generate_fn is not None:
+            gen, scores = self.generate_fn(ids, self.max_new_tokens)
+            gen, scores = list(gen)[:self.max_new_tokens], list(scores)[:self.max_new_tokens]
+            if stop_strings:
+                cut = next((k for k in range(1, len(gen) + 1)
+                            if any(s in self.tok.decode(gen[:k], skip_special_tokens=False) for s in stop_strings)),
+                           len(gen))
+                gen, scores = gen[:cut], scores[:cut]
+            return self._cut_at_end(gen, scores)
         inputs = torch.tensor([ids], device=self.model.device)
         sample = self.temperature > 0
         out = self.model.generate(
@@ -106,6 +122,9 @@ class LMPolicy:
             output_scores=True, return_dict_in_generate=True)
         gen = out.sequences[0, len(ids):].tolist()
         scores = self.model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)[0].tolist()
+        return self._cut_at_end(gen, scores)
+
+    def _cut_at_end(self, gen: list[int], scores: list[float]) -> tuple[list[int], list[float]]:
         if self.end_id in gen:
             cut = gen.index(self.end_id) + 1
             gen, scores = gen[:cut], scores[:cut]

@@ -108,3 +108,36 @@ def load_policy(path: str, dtype: str = "float32"):
 
 def num_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def lora_config(r: int, alpha: int, dropout: float, target_modules: str):
+    """peft ``LoraConfig`` for a causal LM (Hu et al. 2021, arXiv:2106.09685), or None when ``r`` is 0 (full
+    fine-tuning). TRL's trainers take it as ``peft_config``."""
+    if r <= 0:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules,
+                      task_type="CAUSAL_LM")
+
+
+def save_final(trainer, tokenizer, final: str | Path, merge_lora: bool, layout: str | None = None) -> None:
+    """Save a TRL trainer's model to ``final`` as one plain model folder every later stage loads by path.
+
+    ``merge_lora``: the model is a peft LoRA model (trained under DDP, every rank holds the whole model): rank 0
+    merges the adapter into the base weights (``merge_and_unload``) and saves. Otherwise ``trainer.save_model`` on
+    every rank (under FSDP it gathers the full state dict; rank 0 writes). ``layout``: stored in the config as
+    ``evoharness_layout`` (the prompt layout the model was trained on)."""
+    if merge_lora:
+        trainer.accelerator.wait_for_everyone()
+        if trainer.accelerator.is_main_process:
+            merged = trainer.accelerator.unwrap_model(trainer.model).merge_and_unload()
+            if layout:
+                merged.config.evoharness_layout = layout
+            merged.save_pretrained(str(final))
+    else:
+        if layout:
+            trainer.model.config.evoharness_layout = layout
+        trainer.save_model(str(final))
+    if trainer.accelerator.is_main_process:
+        tokenizer.save_pretrained(str(final))

@@ -18,6 +18,7 @@ Both log the same per-step metrics (``episode_metrics``) to ``history.jsonl`` an
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -91,7 +92,8 @@ class HarnessRollouts(_Rollouts):
         tokenizer = trainer.processing_class
         out = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [], "episode_reward": []}
         results, t0 = [], time.time()
-        for i, prompt in enumerate(prompts):
+        first = trainer.accelerator.process_index * len(prompts)  # this process's episodes, numbered step-wide
+        for i, prompt in enumerate(prompts, start=first):
             game = self.by_obs[prompt[-1]["content"]]
             env = ALFWorldEnv(game, max_steps=self.cfg.max_env_steps + 1, expert=False, data_dir=self.data_dir)
             policy = LMPolicy(model, tokenizer, self.cfg.max_new_tokens, self.cfg.temperature)
@@ -124,8 +126,12 @@ class TurnRollouts(_Rollouts):
 
     context = "turn"
 
-    def play(self, model, tokenizer, game: str, episode_id: str, seed: int):
-        """One sampled episode of ``game``; returns (EpisodeResult, the policy's recorded turns)."""
+    def play(self, model, tokenizer, game: str, episode_id: str, seed: int, generate_fn=None):
+        """One sampled episode of ``game``; returns (EpisodeResult, the policy's recorded turns). ``seed`` seeds the
+        game and torch's sampler, so an episode depends on its seed and the weights, not on which process plays it or
+        what was played before it. ``generate_fn``: ``LMPolicy``'s generation backend (None: ``model.generate``)."""
+        import torch
+
         from evoharness.agent import run_episode
         from evoharness.alfworld_env import ALFWorldEnv
         from evoharness.context import turn_view
@@ -134,8 +140,9 @@ class TurnRollouts(_Rollouts):
         wcfg = self.workspace_cfg
         env = ALFWorldEnv(game, max_steps=self.cfg.max_env_steps + 1, expert=False, data_dir=self.data_dir)
         policy = LMPolicy(model, tokenizer, self.cfg.max_new_tokens, self.cfg.temperature, context="turn",
-                          decoding="score", tools=TOOLS if wcfg.tools_in_prompt else None)
+                          decoding="score", tools=TOOLS if wcfg.tools_in_prompt else None, generate_fn=generate_fn)
         ws = Workspace.from_config(self.experience, episode_id, wcfg)
+        torch.manual_seed(seed)
         try:
             res = run_episode(env, policy, ws, self.cost, self.cfg.max_env_steps, self.cfg.max_meta_actions, seed,
                               view=turn_view(wcfg))
@@ -155,15 +162,18 @@ class TurnRollouts(_Rollouts):
                              f"turns_per_episode = {group}")
         out = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [], "episode_reward": []}
         results, t0 = [], time.time()
+        first_group = trainer.accelerator.process_index * (len(prompts) // group)  # groups numbered step-wide
+        generate_fn = vllm_generate_fn(trainer) if getattr(trainer, "use_vllm", False) else None
         was_training = model.training
         model.eval()  # no dropout, and the KV cache that score decoding reuses (off under gradient checkpointing)
         try:
             with torch.no_grad():
-                for g, start in enumerate(range(0, len(prompts), group)):
-                    game = self.by_obs[prompts[start][-1]["content"]]
+                for g, start in enumerate(range(0, len(prompts), group), start=first_group):
+                    game = self.by_obs[prompts[start][-1]["content"]]  # g: the group's index in the whole step
                     for e in range(self.cfg.num_generations):
                         seed = self.cfg.seed + 1000 * self.calls + 100 * g + e
-                        res, turns = self.play(model, tokenizer, game, f"grpo-{self.calls}-{g}-{e}", seed)
+                        res, turns = self.play(model, tokenizer, game, f"grpo-{self.calls}-{g}-{e}", seed,
+                                               generate_fn)
                         results.append(res)
                         for t in sample_turns(turns, per_episode, seed) or [None] * per_episode:
                             t = t or empty_turn(tokenizer, prompts[start])
@@ -175,6 +185,24 @@ class TurnRollouts(_Rollouts):
         log_step(results, t0, trainer, self.history_path)
         self.calls += 1
         return out
+
+
+def vllm_generate_fn(trainer):
+    """``LMPolicy``'s ``generate_fn`` over TRL's vLLM engine (``GRPOConfig(use_vllm=True, vllm_mode="colocate")``):
+    TRL syncs the policy's weights into vLLM before every ``rollout_func`` call (``GRPOTrainer._generate``); each
+    call samples one turn of at most ``max_new_tokens`` at the trainer's temperature and returns (ids, log-probs).
+
+    Colocate mode only (one engine per process, tensor parallel 1): in server mode every call is a collective over
+    all processes, and the processes' episodes have different numbers of turns. GPU only; not run on CPU machines.
+    """
+    engine = trainer.vllm_generation
+
+    def generate(prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
+        engine.max_completion_length = max_new_tokens  # per call: a turn, not the whole completion budget
+        _, completion_ids, logprobs, _ = engine.generate([prompt_ids], None, 1)
+        return completion_ids[0], [lp[0] for lp in logprobs[0]]
+
+    return generate
 
 
 def sample_turns(turns: list[dict], k: int, seed: int) -> list[dict]:
@@ -196,10 +224,19 @@ def empty_turn(tokenizer, prompt: list[dict], tools: list[dict] | None = None) -
 
 
 def log_step(results, t0: float, trainer, history_path: Path) -> dict:
-    """Append the step's ``episode_metrics`` (and rollouts per minute) to ``history_path`` and MLflow; print them."""
+    """Gather the step's episodes from every process; on the main process append their ``episode_metrics`` (with
+    the episode count and rollouts per minute over the step's wall time) to ``history_path`` and MLflow, print
+    them and return them ({} on the other processes)."""
     import mlflow
 
-    metrics = episode_metrics(results) | {"rollouts_per_min": len(results) / max(time.time() - t0, 1e-9) * 60}
+    if trainer.accelerator.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        results = gather_object([dataclasses.replace(r, transcript=[]) for r in results])  # no need to ship turns
+    if not trainer.accelerator.is_main_process:
+        return {}
+    metrics = episode_metrics(results) | {"episodes": len(results),
+                                          "rollouts_per_min": len(results) / max(time.time() - t0, 1e-9) * 60}
     step = trainer.state.global_step
     with history_path.open("a") as fh:
         fh.write(json.dumps({"step": step, **metrics}) + "\n")
@@ -210,3 +247,13 @@ def log_step(results, t0: float, trainer, history_path: Path) -> dict:
           f"cost {metrics['cost']:.3f} meta/ep {metrics['meta_actions']:.1f} "
           f"({metrics['rollouts_per_min']:.1f} rollouts/min)", flush=True)
     return metrics
+
+
+def read_history(path: str | Path) -> list[dict]:
+    """The per-step metrics ``log_step`` appended to ``path``, one dict per step in step order. A resumed run may
+    have logged a step twice (its rollouts were played again): the last entry wins."""
+    by_step = {}
+    for line in Path(path).read_text().splitlines():
+        entry = json.loads(line)
+        by_step[entry["step"]] = entry
+    return [by_step[k] for k in sorted(by_step)]

@@ -42,7 +42,7 @@ def train_sft(model_path: str, train_file: str, output_dir: str, cfg: SFTStageCo
     from transformers.trainer_utils import get_last_checkpoint
     from trl import SFTConfig, SFTTrainer
 
-    from evoharness.model import load_policy
+    from evoharness.model import load_policy, lora_config, save_final
 
     train = load_trace_dataset(train_file)
     if len(train) == 0:
@@ -51,12 +51,7 @@ def train_sft(model_path: str, train_file: str, output_dir: str, cfg: SFTStageCo
     import torch
 
     model, tokenizer = load_policy(model_path, dtype=cfg.model_dtype)
-    peft_config = None
-    if cfg.lora_r > 0:
-        from peft import LoraConfig
-
-        peft_config = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                                 target_modules=cfg.lora_target_modules, task_type="CAUSAL_LM")
+    peft_config = lora_config(cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
     ckpt_dir = Path(output_dir) / "checkpoints"
     args = SFTConfig(
         output_dir=str(ckpt_dir), assistant_only_loss="messages" in train.column_names, max_length=cfg.max_length,
@@ -78,20 +73,7 @@ def train_sft(model_path: str, train_file: str, output_dir: str, cfg: SFTStageCo
     last = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.exists() else None
     result = trainer.train(resume_from_checkpoint=last)
     final = Path(output_dir) / "final"
-    if peft_config is not None:  # LoRA runs under DDP (accelerate/ddp_gpu.yaml): every rank holds the whole model
-        trainer.accelerator.wait_for_everyone()
-        if trainer.accelerator.is_main_process:
-            merged = trainer.accelerator.unwrap_model(trainer.model).merge_and_unload()
-            if layout:
-                merged.config.evoharness_layout = layout
-            merged.save_pretrained(str(final))
-            tokenizer.save_pretrained(str(final))
-    else:
-        if layout:
-            trainer.model.config.evoharness_layout = layout
-        trainer.save_model(str(final))  # on every rank: under FSDP it gathers the full state dict, rank 0 writes
-        if trainer.accelerator.is_main_process:
-            tokenizer.save_pretrained(str(final))
+    save_final(trainer, tokenizer, final, merge_lora=peft_config is not None, layout=layout)
     history = [h for h in trainer.state.log_history if "loss" in h]
     return {"final_path": str(final), "global_step": trainer.state.global_step,
             "train_loss": result.training_loss, "first_loss": history[0]["loss"] if history else None,

@@ -5,8 +5,11 @@
         harness=runs/issue5/full.json
 
 Each JSON is what ``flows.evaluate --summary-json`` or ``flows.pipeline --summary-json`` writes. Writes ``OUT.md``
-(the table) and ``OUT.png`` (success by task type); prints the table. With ``--mlflow-run RUN_ID`` both files are
-also logged as artifacts of that run. Exits 2 when the summaries are not on the same split and number of games.
+(the table) and ``OUT.png`` (success by task type; meta-actions, malformed and rejected turns per episode; generated
+tokens per episode); prints the table. ``--history NAME=history.jsonl`` (GRPO runs' per-step rollout metrics, as
+``evoharness.rollouts.log_step`` writes them) adds a panel of meta-actions per episode by GRPO step, one line per
+run. With ``--mlflow-run RUN_ID`` both files are also logged as artifacts of that run. Exits 2 when the summaries
+are not on the same split and number of games.
 """
 
 from __future__ import annotations
@@ -16,13 +19,16 @@ import json
 import sys
 from pathlib import Path
 
+from evoharness.rollouts import read_history
+
 TYPES = ("Pick", "Clean", "Heat", "Cool", "Look", "Pick Two")
 META = ("track", "commit", "recall", "note")
 
 
 def table(summaries: dict[str, dict]) -> str:
     """Markdown: success rate by task type and overall, then mean steps, meta-actions and tokens per episode."""
-    head = ["policy", *TYPES, "All", "mean steps", *[f"{m}/ep" for m in META], "tokens/ep"]
+    head = ["policy", *TYPES, "All", "mean steps", *[f"{m}/ep" for m in META], "malformed/ep", "rejected/ep",
+            "tokens/ep"]
     first = next(iter(summaries.values()))
     counts = first["episodes_by_task_type"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head),
@@ -34,28 +40,48 @@ def table(summaries: dict[str, dict]) -> str:
         cells.append(f"**{100 * s['success_rate']:.1f}**")
         cells.append(f"{s['mean_steps']:.1f}")
         cells += [f"{s['meta_actions_per_episode'].get(m, 0):.2f}" for m in META]
+        cells += [f"{s[k]:.2f}" if s.get(k) is not None else "-"  # rejected turns: counted since issue 6's rerun
+                  for k in ("malformed_per_episode", "rejected_turns_per_episode")]
         cells.append(f"{s.get('generated_tokens_per_episode', 0):.0f}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n\nSuccess in % of games (ALFWorld's `won`).\n"
 
 
-def figure(summaries: dict[str, dict]):
-    """Matplotlib bar chart: success rate (%) by task type and overall, one bar per policy."""
+def _bars(ax, summaries: dict[str, dict], groups: list[str], value) -> None:
+    width = 0.8 / len(summaries)
+    for i, (name, s) in enumerate(summaries.items()):
+        ax.bar([g + i * width for g in range(len(groups))], [value(s, k) for k in groups], width, label=name)
+    ax.set_xticks([g + width * (len(summaries) - 1) / 2 for g in range(len(groups))], groups)
+
+
+def figure(summaries: dict[str, dict], histories: dict[str, list[dict]] | None = None):
+    """Matplotlib figure, one bar per policy: success rate (%) by task type and overall; meta-actions per episode
+    by type with malformed and rejected turns; generated tokens per episode. With ``histories`` a last panel plots
+    meta-actions per episode by GRPO step, one line per run."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = [*TYPES, "All"]
-    fig, ax = plt.subplots(figsize=(10, 3.8))
-    width = 0.8 / len(summaries)
-    for i, (name, s) in enumerate(summaries.items()):
-        vals = [100 * s["success_by_task_type"].get(t, 0.0) for t in TYPES] + [100 * s["success_rate"]]
-        ax.bar([g + i * width for g in range(len(groups))], vals, width, label=name)
-    ax.set_xticks([g + width * (len(summaries) - 1) / 2 for g in range(len(groups))], groups)
+    panels = 4 if histories else 3
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 3.8),
+                             gridspec_kw={"width_ratios": [3, 2.5, 1, 2][:panels]})
     first = next(iter(summaries.values()))
-    ax.set_ylabel("success %"), ax.set_ylim(0, 100), ax.legend(ncol=len(summaries), loc="upper left")
-    ax.set_title(f"{first['split']}: {first['episodes']} games")
+    _bars(axes[0], summaries, [*TYPES, "All"],
+          lambda s, k: 100 * (s["success_rate"] if k == "All" else s["success_by_task_type"].get(k, 0.0)))
+    axes[0].set_ylabel("success %"), axes[0].set_ylim(0, 100), axes[0].legend(loc="upper left", fontsize=8)
+    axes[0].set_title(f"{first['split']}: {first['episodes']} games")
+    extra = {"malformed": "malformed_per_episode", "rejected": "rejected_turns_per_episode"}
+    _bars(axes[1], summaries, [*META, *extra],
+          lambda s, k: s["meta_actions_per_episode"].get(k, 0) if k in META else (s.get(extra[k]) or 0.0))
+    axes[1].set_title("meta-actions and rejected turns / episode")
+    _bars(axes[2], summaries, ["tokens"], lambda s, k: s.get("generated_tokens_per_episode", 0))
+    axes[2].set_title("generated tokens / episode")
+    if histories:
+        for name, h in histories.items():
+            axes[3].plot([x["step"] for x in h], [x["meta_actions"] for x in h], marker="o", label=name)
+        axes[3].set_xlabel("GRPO step"), axes[3].set_title("meta-actions / episode in rollouts")
+        axes[3].legend(fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -65,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("summaries", nargs="+", help="NAME=summary.json, in table order")
     p.add_argument("--out", required=True, help="output path without suffix (writes .md and .png)")
     p.add_argument("--mlflow-run", default=None, help="also log both files to this MLflow run")
+    p.add_argument("--history", action="append", default=[],
+                   help="NAME=history.jsonl of a GRPO run (repeatable): meta-actions per episode by step")
     a = p.parse_args(argv)
     summaries = {}
     for item in a.summaries:
@@ -81,7 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     md = table(summaries)
     out.with_suffix(".md").write_text(md)
-    figure(summaries).savefig(out.with_suffix(".png"), dpi=110)
+    histories = {}
+    for item in a.history:
+        name, _, path = item.partition("=")
+        if not path or not Path(path).exists():
+            print(f"--history {item!r}: expected NAME=path/to/history.jsonl of an existing file", file=sys.stderr)
+            return 2
+        histories[name] = read_history(path)
+    figure(summaries, histories).savefig(out.with_suffix(".png"), dpi=110)
     if a.mlflow_run:
         import mlflow
 

@@ -21,6 +21,7 @@ from evoharness.harness import ExperienceStore
 from evoharness.launch import accelerate_launch
 from evoharness.model import build_default_model, load_policy, num_parameters
 from evoharness.plots import annealing_figure
+from evoharness.rollouts import read_history
 from evoharness.tracking import start_run
 from tasks.caching import RETRY, content_key, stage_policy
 
@@ -172,8 +173,9 @@ def grpo_task(cfg: PipelineConfig, sft: dict, traces: dict, work_dir: str, paren
         out.mkdir(parents=True, exist_ok=True)
         if not (out / "experience.db").exists() and Path(traces["experience_path"]).exists():
             ExperienceStore(traces["experience_path"]).copy_to(out / "experience.db")
-        result = accelerate_launch("evoharness.grpo", spec, out, 1, _child_env(run.info.run_id))
-        history = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+        result = accelerate_launch("evoharness.grpo", spec, out, g.num_processes, _child_env(run.info.run_id),
+                                   config_file=g.accelerate_config or None)
+        history = read_history(out / "history.jsonl")  # a resumed step counted once
         mlflow.log_figure(annealing_figure(history), "annealing.png")
         result["run_id"] = run.info.run_id
         result["experience_path"] = str(out / "experience.db")

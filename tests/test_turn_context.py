@@ -242,6 +242,37 @@ def test_grpo_step_in_the_turn_context_runs_on_a_real_game_and_resumes(tmp_path,
     assert second["resumed_from"].endswith("checkpoint-1") and second["global_step"] == 2
 
 
+def test_grpo_in_two_processes_plays_every_game_once_and_merges_lora(tmp_path, turn_model):
+    """Parallel rollout workers: under `accelerate/cpu_2proc.yaml` each of the 2 processes plays one of the step's 2
+    games (2 episodes each); the logged step holds all 4 episodes once, and the LoRA adapter is merged into a plain
+    model folder."""
+    from evoharness.config import GRPOStageConfig
+    from evoharness.model import load_policy
+
+    games = list_games("train", limit=2, offset=1000)
+    cfg = GRPOStageConfig(num_generations=2, turns_per_episode=1, prompts_per_step=2, max_steps=1, max_env_steps=2,
+                          max_meta_actions=1, max_new_tokens=8, num_processes=2, lora_r=4, lora_alpha=8)
+    spec = {"model_path": turn_model, "games": games, "output_dir": str(tmp_path),
+            "experience_path": str(tmp_path / "exp.db"), "grpo": dataclasses.asdict(cfg),
+            "cost": dataclasses.asdict(CostConfig()), "traces": dataclasses.asdict(TURN)}
+    result = accelerate_launch("evoharness.grpo", spec, tmp_path, num_processes=2)
+    assert result["world_size"] == 2 and result["global_step"] == 1
+    history = (tmp_path / "history.jsonl").read_text().splitlines()
+    assert len(history) == 1  # written once, by the main process
+    step = json.loads(history[0])
+    assert step["episodes"] == 4 and step["env_steps"] == 2.0
+    assert step["reward"] == pytest.approx(-step["cost"])
+    model, _ = load_policy(result["final_path"])  # merged: a plain Qwen3 model, no adapter left
+    assert type(model).__name__ == "Qwen3ForCausalLM" and not any("lora" in n for n, _ in model.named_parameters())
+
+
+def test_grpo_refuses_groups_that_would_straddle_processes():
+    from evoharness.config import GRPOStageConfig
+
+    with pytest.raises(ValueError, match="multiple of grpo.num_processes"):
+        GRPOStageConfig(prompts_per_step=3, num_processes=2)
+
+
 def test_sampled_turns_carry_what_the_policy_read_and_produced(turn_model):
     """Score decoding at a temperature records each turn: prompt ids = that turn's prompt, completion ids end with
     <|im_end|>, and every act completion decodes to the admissible command that was executed."""
@@ -273,3 +304,36 @@ def test_sampled_turns_carry_what_the_policy_read_and_produced(turn_model):
         drawn.add(dec.args["command"])
     assert len(drawn) > 1  # sampled at temperature 1, not greedy
     assert len(sample_turns(policy.turns, 3, seed=0)) == 3 and sample_turns([], 3, seed=0) == []
+
+
+def test_a_generation_backend_without_stop_strings_is_cut_like_model_generate(turn_model):
+    """`LMPolicy(generate_fn=...)` (vLLM's place in GRPO; vLLM itself needs a GPU, so a backend that returns a whole
+    turn and more stands in): the turn is cut right after the act call's command opening, the command is then scored
+    over the admissible ones, and without score decoding the turn ends at <|im_end|>."""
+    from evoharness.lm_policy import ACT_PREFIX, COMMAND_OPEN, EMPTY_THINK
+
+    model, tok = load_policy(turn_model)
+    act = tok(EMPTY_THINK + ACT_PREFIX, add_special_tokens=False)["input_ids"]
+    rest = tok('go to desk 1"}}\n</tool_call><|im_end|>look look', add_special_tokens=False)["input_ids"]
+    calls = []
+
+    def backend(ids, max_new_tokens):
+        calls.append((list(ids), max_new_tokens))
+        return act + rest, [-0.5] * len(act + rest)
+
+    prompt = [{"role": "user", "content": "Task: put a mug in cabinet.\nObservation: You are in a room."}]
+    admissible = ["go to cabinet 1", "go to drawer 1"]
+    policy = LMPolicy(model, tok, max_new_tokens=64, context="turn", decoding="score", generate_fn=backend)
+    policy.start([], [])
+    dec = policy.decide({"turn_messages": prompt, "admissible_commands": admissible})
+    turn = policy.turns[-1]
+    generated = [t for t, m in zip(turn["completion_ids"], turn["env_mask"], strict=True) if m]
+    assert generated[:len(act)] == act and tok.decode(act).endswith(COMMAND_OPEN)  # cut at the command opening
+    assert turn["logprobs"][:len(act)] == [-0.5] * len(act)
+    assert dec.name == "act" and dec.args["command"] in admissible and not dec.malformed
+    assert calls[0][0] == turn["prompt_ids"] and calls[0][1] == 64
+    remap = LMPolicy(model, tok, max_new_tokens=64, context="turn", generate_fn=backend)
+    remap.start([], [])
+    dec = remap.decide({"turn_messages": prompt, "admissible_commands": admissible})
+    assert dec.name == "act" and dec.args["command"] == "go to desk 1"  # the backend's own command, cut at the end
+    assert remap.turns[-1]["completion_ids"] == act + rest[:rest.index(remap.end_id) + 1]
