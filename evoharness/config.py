@@ -224,6 +224,8 @@ class GRPOStageConfig:
             generates on its own: with a large model use LoRA (``lora_r``), as the ``paper`` profile does.
         model_dtype / gradient_checkpointing / lora_*: as ``SFTStageConfig``; with ``lora_r`` > 0 GRPO trains a
             LoRA adapter (``GRPOTrainer(peft_config=...)``) and the adapter is merged into the saved final model.
+            Gradient checkpointing is off by default, unlike TRL's ``GRPOConfig``: the embedded model is small and
+            recomputing its activations only costs time. The ``paper`` profile turns it on.
     """
 
     split: str = "train"
