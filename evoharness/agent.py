@@ -123,8 +123,9 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
     Reward = won - cost (``EpisodeUsage.cost``): the cost charges *executed* meta-actions at their ``per_call`` price,
     every generated token, and every *rejected* turn at ``per_rejected_turn`` (a malformed turn, even one score
     decoding still plays as an act; an unknown tool; a meta-action whose arguments fail its schema or that is refused
-    over ``max_meta_actions``). So an attempted call always costs: executed at its type's price, rejected at the
-    rejection price.
+    over ``max_meta_actions``; on the closing turn, any call but ``note``). So an attempted call always costs:
+    executed at its type's price, rejected at the rejection price. The closing ``note`` runs even when the budget is
+    spent.
 
     The transcript holds one entry per turn: the tool and arguments, the result, the turn's cost in reward units,
     and the rendered workspace after it.
@@ -171,10 +172,12 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
         entry = {"turn": dec.name or "malformed", "args": dec.args, "generated_tokens":
                  workspace.usage.generated_tokens - tokens_before}
         if finished:  # the last turn: only a note is executed
-            if dec.name == "note" and (view is None or view.harness):
+            if dec.name == "note" and (view is None or view.harness):  # also past the meta-action budget
                 entry["result"], entry["ok"] = workspace.call("note", dec.args, env_steps)
                 workspace.usage.rejected_turns += not entry["ok"]
                 transcript.append(_close(entry, workspace, cost_cfg, cost_before))
+            elif dec.name not in (None, "act"):  # another meta-action or an unknown tool: attempted, not executed
+                workspace.usage.rejected_turns += 1
             break
         if dec.name in META_ACTIONS:
             if meta < max_meta_actions:

@@ -86,9 +86,9 @@ class CostConfig:
     A rejected turn is a malformed one (output that parses as no tool call, even when score decoding still turns it
     into an admissible act), a call to an unknown tool, a meta-action whose arguments fail its schema, or a
     meta-action refused because the episode's meta-action budget is spent. Without this price a malformed turn costs
-    only its tokens, and cost-aware GRPO learns to emit malformed text instead of meta-actions (issue 6's first run:
-    0.1 -> 28.8 malformed turns per episode in 12 steps). The default is the dearest ``per_call``, so a rejected call
-    is never cheaper than an executed one.
+    only its tokens (issue 6's first run: 0.1 -> 28.8 malformed turns per episode in 12 steps). The default is the
+    dearest ``per_call``, so a rejected call is never cheaper than an executed one. It does not stop the drift on its
+    own: at 0.03 and no KL term malformed turns still rose to 38 per episode by step 8 (README, issue 6).
     """
 
     per_call: dict[str, float] = field(
@@ -219,7 +219,7 @@ class GRPOStageConfig:
         num_processes / accelerate_config: the parallel rollout workers. GRPO runs under ``accelerate launch`` with
             this many processes (DDP: ``accelerate/cpu_<n>proc.yaml`` on CPUs by default, ``accelerate/ddp_gpu.yaml``
             with one process per GPU); each process plays ``prompts_per_step / num_processes`` of a step's games
-            (whole groups, so TRL's group normalisation never mixes processes) and trains on their samples. The
+            (whole groups: ``TurnRollouts`` plays one game per group) and trains on their samples. The
             step's metrics are gathered over all processes. Every process holds the whole model (DDP), so each
             generates on its own: with a large model use LoRA (``lora_r``), as the ``paper`` profile does.
         model_dtype / gradient_checkpointing / lora_*: as ``SFTStageConfig``; with ``lora_r`` > 0 GRPO trains a

@@ -64,8 +64,8 @@ def train_grpo(model_path: str, games: list[str], output_dir: str, cfg: GRPOStag
     turn = workspace_cfg is not None and workspace_cfg.context == "turn"
     group = cfg.num_generations * (cfg.turns_per_episode if turn else 1)  # samples per game per step
     on_gpu = torch.cuda.is_available()
-    if cfg.use_vllm and not on_gpu:
-        raise ValueError("grpo.use_vllm needs CUDA GPUs (vLLM colocate mode); set it to false on this machine")
+    if cfg.use_vllm and not (on_gpu and turn):
+        raise ValueError("grpo.use_vllm needs CUDA GPUs (vLLM colocate mode) and the turn context; set it to false")
     args = GRPOConfig(
         output_dir=str(ckpt_dir), per_device_train_batch_size=cfg.prompts_per_step // world * group,
         gradient_accumulation_steps=1, num_generations=group, max_steps=cfg.max_steps,
@@ -74,6 +74,9 @@ def train_grpo(model_path: str, games: list[str], output_dir: str, cfg: GRPOStag
         save_steps=cfg.save_steps, seed=cfg.seed, use_cpu=not on_gpu, bf16=cfg.bf16 and on_gpu,
         gradient_checkpointing=cfg.gradient_checkpointing,
         use_vllm=cfg.use_vllm, vllm_mode="colocate", vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+        # score decoding draws a command from the softmax over candidates, so the tokens' recorded log-probabilities
+        # are not vLLM's sampling probabilities: TRL's vLLM importance-sampling correction would reweight wrongly
+        vllm_importance_sampling_correction=False,
         report_to=["mlflow"] if os.environ.get("MLFLOW_RUN_ID") else "none", disable_tqdm=False,
     )
     rollout_cls = TurnRollouts if turn else HarnessRollouts

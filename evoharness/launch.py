@@ -40,6 +40,7 @@ def accelerate_launch(module: str, spec: dict, workdir: str | Path, num_processe
     else:
         config = accelerate_config(num_processes)
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
+           "--num_processes", str(num_processes),  # the stage config's count wins over the file's
            "-m", module, "--spec", str(workdir / "spec.json")]
     child_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                  "PYTHONPATH": os.pathsep.join([str(ACCELERATE_DIR.parent), os.environ.get("PYTHONPATH", "")]),

@@ -76,6 +76,11 @@ class _Rollouts:
         self.data_dir = data_dir
         self.calls = 0
 
+    def episode_seed(self, index: int) -> int:
+        """The seed of the ``index``-th episode of this call's step (numbered over all processes): distinct for
+        every episode of every step."""
+        return self.cfg.seed + self.calls * self.cfg.prompts_per_step * self.cfg.num_generations + index
+
 
 
 class HarnessRollouts(_Rollouts):
@@ -98,7 +103,7 @@ class HarnessRollouts(_Rollouts):
             env = ALFWorldEnv(game, max_steps=self.cfg.max_env_steps + 1, expert=False, data_dir=self.data_dir)
             policy = LMPolicy(model, tokenizer, self.cfg.max_new_tokens, self.cfg.temperature)
             ws = Workspace.from_config(self.experience, f"grpo-{self.calls}-{i}", self.workspace_cfg)
-            seed = self.cfg.seed + 1000 * self.calls + i
+            seed = self.episode_seed(i)
             res = run_episode(env, policy, ws, self.cost, self.cfg.max_env_steps, self.cfg.max_meta_actions, seed)
             env.close()
             results.append(res)
@@ -128,8 +133,9 @@ class TurnRollouts(_Rollouts):
 
     def play(self, model, tokenizer, game: str, episode_id: str, seed: int, generate_fn=None):
         """One sampled episode of ``game``; returns (EpisodeResult, the policy's recorded turns). ``seed`` seeds the
-        game and torch's sampler, so an episode depends on its seed and the weights, not on which process plays it or
-        what was played before it. ``generate_fn``: ``LMPolicy``'s generation backend (None: ``model.generate``)."""
+        game and torch's sampler: with ``model.generate`` an episode's draws do not depend on which process plays it
+        (what it reads from the shared Experience store still can). ``generate_fn``: ``LMPolicy``'s generation
+        backend (None: ``model.generate``; vLLM keeps its own per-process sampler state)."""
         import torch
 
         from evoharness.agent import run_episode
@@ -171,7 +177,7 @@ class TurnRollouts(_Rollouts):
                 for g, start in enumerate(range(0, len(prompts), group), start=first_group):
                     game = self.by_obs[prompts[start][-1]["content"]]  # g: the group's index in the whole step
                     for e in range(self.cfg.num_generations):
-                        seed = self.cfg.seed + 1000 * self.calls + 100 * g + e
+                        seed = self.episode_seed(g * self.cfg.num_generations + e)
                         res, turns = self.play(model, tokenizer, game, f"grpo-{self.calls}-{g}-{e}", seed,
                                                generate_fn)
                         results.append(res)

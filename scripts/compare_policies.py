@@ -19,14 +19,16 @@ import json
 import sys
 from pathlib import Path
 
-from evoharness.rollouts import read_history
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as `python scripts/compare_policies.py`
+from evoharness.rollouts import read_history  # noqa: E402
 
 TYPES = ("Pick", "Clean", "Heat", "Cool", "Look", "Pick Two")
 META = ("track", "commit", "recall", "note")
 
 
 def table(summaries: dict[str, dict]) -> str:
-    """Markdown: success rate by task type and overall, then mean steps, meta-actions and tokens per episode."""
+    """Markdown: success rate by task type and overall, then mean steps, meta-actions, malformed and rejected turns
+    ("-" for a summary that predates the count) and generated tokens per episode."""
     head = ["policy", *TYPES, "All", "mean steps", *[f"{m}/ep" for m in META], "malformed/ep", "rejected/ep",
             "tokens/ep"]
     first = next(iter(summaries.values()))

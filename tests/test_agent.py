@@ -71,6 +71,36 @@ def test_reward_is_won_minus_logged_cost_for_scripted_episode():
     assert res.transcript[4]["generated"] == "lok" and res.transcript[4]["command"] == "look"
 
 
+def test_a_meta_action_on_the_closing_turn_is_charged_as_rejected():
+    """After the game ends only a `note` runs; a `track` there is an attempted call that is not executed."""
+
+    class Flagged:  # the game, telling the policy when it is over
+        def __init__(self, env):
+            self.env, self.done = env, False
+
+        def reset(self, seed=0):
+            return self.env.reset(seed=seed)
+
+        def step(self, action):
+            res = self.env.step(action)
+            self.done = res.done
+            return res
+
+    class TrackAtTheEnd(Scripted):
+        def decide(self, state):
+            if env.done:
+                return Decision("track", {"entity": "x 1", "attribute": "location", "value": "desk 1"})
+            return Decision("act", {"command": state["expert_action"] or "look"})
+
+    env = Flagged(ALFWorldEnv(list_games("valid_seen", limit=1)[0], max_steps=60))
+    ws = Workspace(ExperienceStore(), "closing")
+    cost = CostConfig(per_generated_token=0.0, per_rejected_turn=0.05)
+    res = run_episode(env, TrackAtTheEnd([]), ws, cost, max_env_steps=60)
+    env.env.close()
+    assert res.won and res.meta_actions["track"] == 0 and res.rejected_turns == 1
+    assert res.cost == pytest.approx(0.05)
+
+
 class Crashing:
     game, task_type = "crash", "pick_and_place_simple"
 
