@@ -161,7 +161,24 @@ class ModelConfig:
 
 
 @dataclass
-class SFTStageConfig:
+class TrainingRuntime:
+    """How a training stage runs, shared by SFT and GRPO: ``num_processes`` under ``accelerate launch`` with
+    ``accelerate_config`` (empty: ``accelerate/cpu_<n>proc.yaml``), the weights' ``model_dtype`` when loaded,
+    ``gradient_checkpointing``, and LoRA through peft when ``lora_r`` > 0 (``evoharness.model.lora_config``; the
+    adapter is merged into the saved final model)."""
+
+    num_processes: int = 1
+    accelerate_config: str = ""
+    model_dtype: str = "float32"
+    gradient_checkpointing: bool = False
+    lora_r: int = 0
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    lora_target_modules: str = "all-linear"
+
+
+@dataclass
+class SFTStageConfig(TrainingRuntime):
     """Supervised harness fine-tuning with TRL's ``SFTTrainer`` (loss on assistant turns / completions only).
 
     ``sampling`` is transformers' ``train_sampling_strategy``: ``random``, or ``group_by_length`` (batches of
@@ -184,21 +201,13 @@ class SFTStageConfig:
     max_length: int = 2048
     save_steps: int = 200
     logging_steps: int = 5
-    num_processes: int = 1
     sampling: str = "random"
     bf16: bool = False
-    model_dtype: str = "float32"
-    gradient_checkpointing: bool = False
-    lora_r: int = 0
-    lora_alpha: int = 32
-    lora_dropout: float = 0.05
-    lora_target_modules: str = "all-linear"
-    accelerate_config: str = ""
     seed: int = 0
 
 
 @dataclass
-class GRPOStageConfig:
+class GRPOStageConfig(TrainingRuntime):
     """Cost-aware GRPO with TRL's ``GRPOTrainer`` and a multi-turn ``rollout_func`` over ALFWorld games.
 
     Parameters:
@@ -244,14 +253,6 @@ class GRPOStageConfig:
     bf16: bool = False
     save_steps: int = 50
     seed: int = 0
-    num_processes: int = 1
-    accelerate_config: str = ""
-    model_dtype: str = "float32"
-    gradient_checkpointing: bool = False
-    lora_r: int = 0
-    lora_alpha: int = 32
-    lora_dropout: float = 0.05
-    lora_target_modules: str = "all-linear"
     use_vllm: bool = False
     vllm_gpu_memory_utilization: float = 0.3
 

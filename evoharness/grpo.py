@@ -59,7 +59,7 @@ def train_grpo(model_path: str, games: list[str], output_dir: str, cfg: GRPOStag
     out.mkdir(parents=True, exist_ok=True)
     rows, by_obs = build_prompts(games, data_dir)
     model, tokenizer = load_policy(model_path, dtype=cfg.model_dtype)
-    peft_config = lora_config(cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
+    peft_config = lora_config(cfg)
     ckpt_dir = out / "checkpoints"
     turn = workspace_cfg is not None and workspace_cfg.context == "turn"
     group = cfg.num_generations * (cfg.turns_per_episode if turn else 1)  # samples per game per step

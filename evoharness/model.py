@@ -110,15 +110,16 @@ def num_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def lora_config(r: int, alpha: int, dropout: float, target_modules: str):
-    """peft ``LoraConfig`` for a causal LM (Hu et al. 2021, arXiv:2106.09685), or None when ``r`` is 0 (full
+def lora_config(cfg):
+    """peft ``LoraConfig`` for a causal LM from a stage's ``TrainingRuntime`` settings (``lora_r``, ``lora_alpha``,
+    ``lora_dropout``, ``lora_target_modules``; Hu et al. 2021, arXiv:2106.09685), or None when ``lora_r`` is 0 (full
     fine-tuning). TRL's trainers take it as ``peft_config``."""
-    if r <= 0:
+    if cfg.lora_r <= 0:
         return None
     from peft import LoraConfig
 
-    return LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules,
-                      task_type="CAUSAL_LM")
+    return LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules=cfg.lora_target_modules, task_type="CAUSAL_LM")
 
 
 def save_final(trainer, tokenizer, final: str | Path, merge_lora: bool, layout: str | None = None) -> None:

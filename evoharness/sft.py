@@ -51,7 +51,7 @@ def train_sft(model_path: str, train_file: str, output_dir: str, cfg: SFTStageCo
     import torch
 
     model, tokenizer = load_policy(model_path, dtype=cfg.model_dtype)
-    peft_config = lora_config(cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
+    peft_config = lora_config(cfg)
     ckpt_dir = Path(output_dir) / "checkpoints"
     args = SFTConfig(
         output_dir=str(ckpt_dir), assistant_only_loss="messages" in train.column_names, max_length=cfg.max_length,

@@ -88,6 +88,18 @@ def figure(summaries: dict[str, dict], histories: dict[str, list[dict]] | None =
     return fig
 
 
+def _named_paths(items: list[str], what: str) -> dict[str, str] | None:
+    """``NAME=path`` arguments as {name: path}; None (with the reason on stderr) when one is malformed or missing."""
+    out = {}
+    for item in items:
+        name, _, path = item.partition("=")
+        if not path or not Path(path).exists():
+            print(f"{item!r}: expected NAME=path/to/{what} of an existing file", file=sys.stderr)
+            return None
+        out[name] = path
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("summaries", nargs="+", help="NAME=summary.json, in table order")
@@ -96,13 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--history", action="append", default=[],
                    help="NAME=history.jsonl of a GRPO run (repeatable): meta-actions per episode by step")
     a = p.parse_args(argv)
-    summaries = {}
-    for item in a.summaries:
-        name, _, path = item.partition("=")
-        if not path or not Path(path).exists():
-            print(f"{item!r}: expected NAME=path/to/summary.json of an existing file", file=sys.stderr)
-            return 2
-        summaries[name] = json.loads(Path(path).read_text())
+    summary_paths, history_paths = _named_paths(a.summaries, "summary.json"), _named_paths(a.history, "history.jsonl")
+    if summary_paths is None or history_paths is None:
+        return 2
+    summaries = {name: json.loads(Path(path).read_text()) for name, path in summary_paths.items()}
+    histories = {name: read_history(path) for name, path in history_paths.items()}
     keys = {(s["split"], s["episodes"]) for s in summaries.values()}
     if len(keys) != 1:
         print(f"summaries differ in split or number of games: {sorted(keys)}", file=sys.stderr)
@@ -111,13 +121,6 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     md = table(summaries)
     out.with_suffix(".md").write_text(md)
-    histories = {}
-    for item in a.history:
-        name, _, path = item.partition("=")
-        if not path or not Path(path).exists():
-            print(f"--history {item!r}: expected NAME=path/to/history.jsonl of an existing file", file=sys.stderr)
-            return 2
-        histories[name] = read_history(path)
     figure(summaries, histories).savefig(out.with_suffix(".png"), dpi=110)
     if a.mlflow_run:
         import mlflow
