@@ -99,6 +99,22 @@ def turn_model(tmp_path_factory, turn_traces):
     return build_default_model(TINY_MODEL, turn_traces / "train.jsonl", tmp_path_factory.mktemp("turn_base"))
 
 
+def test_a_name_is_one_token_id_in_the_observation_and_inside_a_tool_call(turn_model):
+    """The copy a policy must learn (observed name -> call argument) is an identity on token ids, and the
+    tokenizer saved with the model still decodes every call byte for byte."""
+    _, tok = load_policy(turn_model)
+    observed = tok.tokenize("You arrive at sidetable 1. On the sidetable 1, you see a alarmclock 1.")
+    call = '{"name": "track", "arguments": {"entity": "sidetable 1", "attribute": "searched", "value": "yes"}}'
+    called = tok.tokenize(call)
+    name = tok.tokenize("sidetable")  # one token on the full corpus; pieces on this tiny one, the same in both
+
+    def holds(tokens: list[str]) -> bool:
+        return any(tokens[i:i + len(name)] == name for i in range(len(tokens)))
+
+    assert holds(observed) and holds(called)
+    assert tok.decode(tok(call, add_special_tokens=False)["input_ids"]) == call
+
+
 def test_sft_on_turn_examples_trains_completions_and_records_the_layout(tmp_path, turn_traces, turn_model):
     spec = {"model_path": turn_model, "train_file": str(turn_traces / "train.jsonl"), "output_dir": str(tmp_path),
             "sft": dataclasses.asdict(SFTStageConfig(max_steps=2, per_device_train_batch_size=4, logging_steps=1,
