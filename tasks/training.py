@@ -21,6 +21,7 @@ from evoharness.harness import ExperienceStore
 from evoharness.launch import accelerate_launch
 from evoharness.model import build_default_model, load_policy, num_parameters
 from evoharness.plots import annealing_figure
+from evoharness.registry import parse_model_uri
 from evoharness.rollouts import read_history
 from evoharness.tracking import start_run
 from tasks.caching import RETRY, content_key, stage_policy
@@ -66,18 +67,25 @@ def grpo_dir(p: dict) -> Path:
 def sft_task(cfg: PipelineConfig, traces: dict, work_dir: str, parent_run_id: str) -> dict:
     """Build the embedded default model (or take ``cfg.model.path``) and fine-tune it on the traces.
 
+    ``cfg.model.path`` may be a registered version, ``models:/NAME/VERSION`` (pin the version: the cache key holds
+    the string): it is downloaded once to ``<out>/parent`` and the run is tagged ``parent_model`` and
+    ``parent_model_run_id``, so that a model trained further from another keeps its lineage.
     Cached on (trace hash, model and SFT settings, task source); a retried or re-run stage resumes from its
     checkpoints in the same folder."""
     out = sft_dir({"traces": traces, "cfg": cfg, "work_dir": work_dir})
     with start_run("sft", parent_run_id, tags={"trace_hash": traces["content_hash"]}) as run:
         base = cfg.model.path
-        if not base:
+        if parse_model_uri(base) is not None:
+            parent = take_model(base, work_dir, dst=out / "parent")
+            mlflow.set_tags({"parent_model": parent["model_uri"], "parent_model_run_id": parent["run_id"]})
+            base = parent["final_path"]
+        elif not base:
             base = str(out / "base")
             if not (Path(base) / "config.json").exists():
                 build_default_model(cfg.model, traces["train_file"], base)
         mlflow.log_params(
             {
-                "base_model": "embedded-default" if not cfg.model.path else base,
+                "base_model": cfg.model.path or "embedded-default",
                 **{f"sft.{k}": v for k, v in dataclasses.asdict(cfg.sft).items()},
                 **{f"model.{k}": v for k, v in dataclasses.asdict(cfg.model).items()},
             }
@@ -112,29 +120,34 @@ def sft_task(cfg: PipelineConfig, traces: dict, work_dir: str, parent_run_id: st
 
 @task(name="sft-from-model", **RETRY, timeout_seconds=3600, cache_policy=NO_CACHE)
 def sft_from_model_task(model: str, work_dir: str) -> dict:
-    """The SFT policy taken from ``model`` instead of trained (``flows.pipeline --sft-model``): a registered version
-    (``models:/NAME/VERSION`` or ``models:/NAME@ALIAS``, resolved to its version now and downloaded once to
-    ``runs/sft/from-NAME-vVERSION``) or a local folder. Returns ``final_path``, ``run_id`` (the run that logged the
-    version; "" for a folder) and ``model_uri`` (the pinned version), the keys the GRPO stage needs from SFT.
+    """The SFT policy taken from ``model`` instead of trained (``flows.pipeline --sft-model``): ``take_model``."""
+    return take_model(model, work_dir)
 
-    Raises mlflow's ``MlflowException`` when the name, version or alias is not registered."""
+
+def take_model(model: str, work_dir: str, dst: Path | None = None) -> dict:
+    """A registered version (``models:/NAME/VERSION`` or ``models:/NAME@ALIAS``, resolved to its version now and
+    downloaded once to ``dst``, by default ``runs/sft/from-NAME-vVERSION``) or a local folder. Returns
+    ``final_path``, ``run_id`` (the run that logged the version; "" for a folder) and ``model_uri`` (the pinned
+    version), the keys the GRPO stage needs from SFT.
+
+    Raises mlflow's ``MlflowException`` when the name, version or alias is not registered, ``FileNotFoundError``
+    when a folder has no ``config.json``."""
     from mlflow import MlflowClient
 
     from evoharness.evaluate import resolve_model_path
-    from evoharness.registry import parse_model_uri
 
     parsed = parse_model_uri(model)
     if parsed is None:
         if not (Path(model) / "config.json").exists():
-            raise FileNotFoundError(f"--sft-model {model!r}: neither models:/NAME/VERSION, models:/NAME@ALIAS nor a "
+            raise FileNotFoundError(f"{model!r}: neither models:/NAME/VERSION, models:/NAME@ALIAS nor a "
                                     f"model folder with config.json")
         return {"final_path": str(Path(model).resolve()), "run_id": "", "model_uri": str(Path(model).resolve())}
     name, version = parsed
     pinned = f"models:/{name}/{version}"
-    dst = Path(work_dir) / "sft" / f"from-{name}-v{version}"
+    dst = Path(dst) if dst is not None else Path(work_dir) / "sft" / f"from-{name}-v{version}"
     done = dst / "model" / "config.json"
     final = str(done.parent) if done.exists() else resolve_model_path(pinned, dst)
-    get_run_logger().info(f"sft: taken from {model} ({pinned}) at {final}")
+    get_run_logger().info(f"model taken from {model} ({pinned}) at {final}")
     return {"final_path": final, "run_id": MlflowClient().get_model_version(name, version).run_id,
             "model_uri": pinned}
 
