@@ -139,6 +139,34 @@ def test_grpo_from_a_registered_sft_model_reuses_its_evaluation(first_run, pipel
         pipeline(profile="tiny", repo=str(pipeline_repo), sft_model="models:/evoharness-policy/1", until="sft")
 
 
+def test_sft_trains_further_from_a_registered_version(first_run, pipeline_repo, tmp_path):
+    """model.path: models:/NAME/VERSION: SFT starts from that version's weights and tokenizer, and the new
+    version's lineage names it (an auditor sees which model it was trained from)."""
+    from mlflow import MlflowClient
+
+    from evoharness.evaluate import resolve_model_path
+    from evoharness.model import load_policy
+    from flows.pipeline import pipeline
+
+    profile = tmp_path / "tiny-further.yaml"
+    profile.write_text("extends: tiny\nmodel:\n  path: models:/evoharness-policy/1\nsft:\n  max_steps: 1\n"
+                       "registered_model_name: evoharness-policy-further\n")
+    run = pipeline(profile=str(profile), repo=str(pipeline_repo), until="sft")
+    assert run["sft"]["global_step"] == 1 and run["lineage"]["base_model"] == "models:/evoharness-policy/1"
+    # the same first batch: from the parent's trained weights its loss is lower than from a fresh model's
+    assert run["sft"]["first_loss"] < first_run["sft"]["first_loss"]
+    use_store(pipeline_repo)
+    client = MlflowClient()
+    version = client.get_model_version_by_alias("evoharness-policy-further", "candidate")
+    assert version.tags["base_model"] == "models:/evoharness-policy/1"
+    sft_run = client.get_run(run["lineage"]["parent_model_run_id"])
+    assert sft_run.data.tags["parent_model"] == "models:/evoharness-policy/1"
+    assert sft_run.data.tags["parent_model_run_id"] == client.get_model_version("evoharness-policy", "1").run_id
+    _, parent_tok = load_policy(resolve_model_path("models:/evoharness-policy/1", tmp_path / "parent"))
+    _, tok = load_policy(resolve_model_path(run["model_uri"], tmp_path / "further"))
+    assert tok.get_vocab() == parent_tok.get_vocab()  # the parent's tokenizer, not a new one
+
+
 def test_fresh_clone_regenerates_the_committed_version(git_repo, tiny_games):
     """No cache holds data.dvc's version: regenerate, check the md5; other settings must fail loudly."""
     first = ensure_data(git_repo, TINY_COLLECT, tiny_games)
