@@ -146,7 +146,8 @@ class TraceConfig:
 @dataclass
 class ModelConfig:
     """The policy model. ``path`` empty means the embedded default: a Qwen3-architecture model built from
-    the sizes below with a byte-level BPE tokenizer trained on the traces; otherwise any local or hub path."""
+    the sizes below with a byte-level BPE tokenizer trained on the traces; otherwise any local or hub path, or a
+    registered version ``models:/NAME/VERSION`` that SFT trains further (an alias is refused: ValueError)."""
 
     path: str = ""
     vocab_size: int = 2048
@@ -158,6 +159,11 @@ class ModelConfig:
     head_dim: int = 32
     max_position_embeddings: int = 4096
     seed: int = 0
+
+    def __post_init__(self):
+        if self.path.startswith("models:/") and "@" in self.path:
+            raise ValueError(f"model.path is {self.path!r}: pin a version (models:/NAME/VERSION); an alias can move, "
+                             "and the SFT stage's cache is keyed on this string")
 
 
 @dataclass

@@ -126,7 +126,8 @@ def test_profiles_resolve_and_bad_ones_name_the_problem(tmp_path):
         load_profile("nope")
     cases = {"evaluate:\n": None, "collect: 5\n": "section 'collect' must be a mapping",
              "evaluate:\n  limit: twelve\n": "evaluate.limit is 'twelve' \\(str\\); expected int",
-             "sft:\n  epochs: 3\n": "unknown fields \\['epochs'\\]", "grpo:\n  temperature: 0\n": "temperature is 0"}
+             "sft:\n  epochs: 3\n": "unknown fields \\['epochs'\\]", "grpo:\n  temperature: 0\n": "temperature is 0",
+             "model:\n  path: models:/evoharness-policy@champion\n": "pin a version"}
     for text, error in cases.items():
         path = tmp_path / "p.yaml"
         path.write_text(text)
