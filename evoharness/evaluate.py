@@ -6,7 +6,9 @@ or an MLflow model URI (``models:/NAME@ALIAS``, ``models:/m-<id>``, ``runs:/...`
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import time
 from pathlib import Path
 
@@ -94,31 +96,86 @@ def summarize(results, split: str, games_total: int) -> dict:
         "remapped_per_episode": sum(r.remapped for r in results) / n,
         "mean_reward": sum(r.reward for r in results) / n,
         "errors": [f"{r.game}: {r.error}" for r in results if r.error],
+        "environment_failures": sum(environment_failed(r.error) for r in results),
     }
+
+
+ENVIRONMENT_FAILURES = ("could not load game", "reset failed", "env.step(")
+
+
+def environment_failed(error: str | None) -> bool:
+    """Whether an episode's ``error`` says the environment, not the policy, failed (the game would not load or
+    reset, or a step raised): such an episode says nothing about the policy and is played again on resume.
+    "turn budget spent" and "context window full" are the policy's outcomes, not failures."""
+    return bool(error) and error.startswith(ENVIRONMENT_FAILURES)
+
+
+def _resumable(out: Path, identity: dict, progress) -> dict[str, dict]:
+    """The episodes already written to ``out/transcripts.jsonl`` by an evaluation with the same ``identity``
+    (policy and settings), by game; a last line cut short by a killed process is dropped. Raises ValueError naming
+    the folder when it holds another policy's or other settings' evaluation."""
+    meta, file = out / "evaluation.json", out / "transcripts.jsonl"
+    if meta.exists() and json.loads(meta.read_text()) != identity:
+        raise ValueError(f"{out} holds an evaluation of {meta.read_text()}, not of {json.dumps(identity)}: "
+                         "evaluate into another folder, or delete this one to start over")
+    rows: dict[str, dict] = {}
+    if file.exists():
+        for i, line in enumerate(file.read_text().splitlines(), 1):
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                if progress:
+                    progress(f"[evaluate] {file}:{i}: an unfinished line (a killed run?) is dropped and replayed")
+                continue
+            rows[row["game"]] = row
+        if not file.read_text().endswith("\n") and file.stat().st_size:
+            with file.open("a") as fh:  # new rows start on a line of their own
+                fh.write("\n")
+    meta.write_text(json.dumps(identity))
+    return rows
 
 
 def evaluate(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig, out_dir: str | Path,
              experience_path: str | None = None, data_dir: str | None = None, games_total: int | None = None,
-             progress=print, workspace_cfg: TraceConfig | None = None) -> dict:
+             progress=print, workspace_cfg: TraceConfig | None = None, identity: str | None = None) -> dict:
     """Play each game once with ``policy``; write ``transcripts.jsonl`` and return the summary dict.
 
     ``experience_path``: an Experience store to start from (copied, so evaluation never changes it).
-    An environment that raises ends that episode as failed (``errors`` in the summary); the run continues.
+    An environment that raises ends that episode as failed (``errors`` and ``environment_failures`` in the
+    summary); the run continues.
+
+    Resumes: a folder that already holds episodes of the same policy (``identity``, default ``policy``) and the same
+    ``cfg`` keeps them and plays only the missing games and those whose environment failed
+    (``environment_failed``); ``resumed_episodes`` in the summary counts the kept ones. Each episode is appended as
+    it ends, and the file is rewritten in game order at the end. Raises ValueError when ``out_dir`` holds another
+    policy's or other settings' evaluation.
     """
-    from evoharness.agent import run_episode
+    from evoharness.agent import EpisodeResult, run_episode
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if experience_path and Path(experience_path).exists():
+    done = _resumable(out, {"policy": identity or policy, "settings": dataclasses.asdict(cfg)}, progress)
+    wanted = set(games)
+    keep = {g: r for g, r in done.items() if g in wanted and not environment_failed(r.get("error"))}
+    if keep and progress:
+        replay = sum(g in done and g not in keep for g in games)
+        progress(f"[evaluate] resuming in {out}: {len(keep)} of {len(games)} episodes kept, "
+                 f"{len(games) - len(keep)} to play ({replay} of them after an environment failure)")
+    if keep and (out / "experience.db").exists():
+        store = ExperienceStore(out / "experience.db")  # the notes the kept episodes wrote
+    elif experience_path and Path(experience_path).exists():
         store = ExperienceStore(experience_path).copy_to(out / "experience.db")
     else:
         store = ExperienceStore(out / "experience.db")
     pol = make_policy(policy, cfg, out / "model_cache", workspace_cfg)
     wcfg = getattr(pol, "layout", None) or workspace_cfg or TraceConfig()
-    results, t0 = [], time.time()
+    results, t0, played = [], time.time(), 0
     split = Path(games[0]).parts[0] if games else cfg.split
-    with (out / "transcripts.jsonl").open("w") as fh:
+    with (out / "transcripts.jsonl").open("a") as fh:
         for i, game in enumerate(games):
+            if game in keep:
+                results.append(EpisodeResult(**keep[game]))
+                continue
             try:
                 env = ALFWorldEnv(game, max_steps=cfg.max_env_steps + 1, expert=policy == "expert",
                                   data_dir=data_dir)
@@ -134,11 +191,18 @@ def evaluate(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig, o
                 env.close()
             results.append(res)
             fh.write(json.dumps(res.__dict__) + "\n")
-            rate = (i + 1) / (time.time() - t0) * 60
+            fh.flush()
+            played += 1
+            rate = played / (time.time() - t0) * 60
             if progress:
+                left = sum(g not in keep for g in games[i + 1:])
                 progress(f"[evaluate] {i + 1}/{len(games)} won={sum(r.won for r in results)} "
-                         f"{rate:.1f} episodes/min, ETA {(len(games) - i - 1) / max(rate, 1e-9):.1f} min")
+                         f"{rate:.1f} episodes/min, ETA {left / max(rate, 1e-9):.1f} min")
+    tmp = out / "transcripts.jsonl.tmp"
+    tmp.write_text("".join(json.dumps(r.__dict__) + "\n" for r in results))
+    os.replace(tmp, out / "transcripts.jsonl")  # one row per game, in game order
     summary = summarize(results, split, games_total or len(games))
+    summary["resumed_episodes"] = len(keep)
     summary["policy"] = policy
     summary["decoding"] = getattr(pol, "decoding", None)
     summary["forced_acts"] = getattr(pol, "forced", 0)

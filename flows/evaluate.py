@@ -1,7 +1,11 @@
 """Evaluation alone: play a split with any policy.
 
     python -m flows.evaluate --policy MODEL_PATH|models:/NAME@ALIAS|expert|random --split NAME [--limit N]
-                             [--summary-json FILE] [--profile NAME] [--decoding remap|score]
+                             [--summary-json FILE] [--profile NAME] [--decoding remap|score] [--work-dir DIR]
+
+``--work-dir DIR`` (default: a new ``runs/<time>-eval-<split>``): a folder of an earlier, interrupted evaluation
+of the same policy with the same settings resumes there: its finished episodes are kept and only the missing
+games, and those whose environment failed, are played (``evoharness.evaluate.evaluate``).
 """
 
 from __future__ import annotations
@@ -23,13 +27,15 @@ REPO = str(Path(__file__).resolve().parent.parent)
 
 @flow(name="evoharness-evaluate", log_prints=True)
 def evaluate_flow(policy: str, split: str = "valid_seen", limit: int = 0, profile: str = "default",
-                  summary_json: str | None = None, repo: str = REPO, decoding: str | None = None) -> dict:
+                  summary_json: str | None = None, repo: str = REPO, decoding: str | None = None,
+                  work_dir: str | None = None) -> dict:
     """Evaluate ``policy`` on ``split`` (``limit`` games evenly spaced, 0 = all); logs one MLflow run.
-    ``decoding`` overrides the profile's ``evaluate.decoding`` (``remap`` or ``score``)."""
+    ``decoding`` overrides the profile's ``evaluate.decoding`` (``remap`` or ``score``). ``work_dir``: resume an
+    evaluation there (see the module docstring); raises ValueError when it holds another policy's or settings'."""
     cfg = load_profile(profile)
     ev_cfg = dataclasses.replace(cfg.evaluate, split=split, limit=limit, decoding=decoding or cfg.evaluate.decoding)
     configure(repo)
-    work = Path(repo) / "runs" / time.strftime(f"%Y%m%d-%H%M%S-eval-{split}")
+    work = Path(work_dir) if work_dir else Path(repo) / "runs" / time.strftime(f"%Y%m%d-%H%M%S-eval-{split}")
     import mlflow
 
     with mlflow.start_run(run_name=f"evaluate-{split}", tags={**git_info(repo), "policy": policy}) as run:
@@ -52,8 +58,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--summary-json", default=None)
     p.add_argument("--decoding", default=None, choices=["remap", "score"],
                    help="how an act call becomes an admissible command (default: the profile's)")
+    p.add_argument("--work-dir", default=None, help="resume the evaluation in this folder (default: a new one)")
     a = p.parse_args(argv)
-    return evaluate_flow(a.policy, a.split, a.limit, a.profile, a.summary_json, decoding=a.decoding)
+    return evaluate_flow(a.policy, a.split, a.limit, a.profile, a.summary_json, decoding=a.decoding,
+                         work_dir=a.work_dir)
 
 
 if __name__ == "__main__":

@@ -62,6 +62,7 @@ def evaluate_task(
             games_total=len(all_games),
             progress=log.info,
             workspace_cfg=workspace_cfg,
+            identity=model_uri or policy,
         )
         mlflow.log_metrics(flat("", {k: v for k, v in summary.items() if k != "errors"}))
         mlflow.log_dict(summary | {"games": games}, "summary.json")
@@ -72,6 +73,11 @@ def evaluate_task(
         link_parent_evaluation(parent_of, run.info.run_id)
     summary["games"] = games
     log.info(f"{name}: success {summary['success_rate']:.3f} over {summary['episodes']} episodes")
+    if summary["environment_failures"]:
+        log.warning(f"{name}: {summary['environment_failures']} of {summary['episodes']} episodes did not run (the "
+                    f"environment failed: see 'errors'); they count as lost. Replay only them with "
+                    f"python -m flows.evaluate --policy {model_uri or policy} --split {cfg.split} --limit {cfg.limit} "
+                    f"--work-dir {work_dir} and the same profile")
     return summary
 
 
