@@ -112,27 +112,49 @@ def environment_failed(error: str | None) -> bool:
 
 def _resumable(out: Path, identity: dict, progress) -> dict[str, dict]:
     """The episodes already written to ``out/transcripts.jsonl`` by an evaluation with the same ``identity``
-    (policy and settings), by game; a last line cut short by a killed process is dropped. Raises ValueError naming
-    the folder when it holds another policy's or other settings' evaluation."""
+    (policy and settings), by game. A line that is not a whole episode (cut short by a killed process, or from an
+    older ``EpisodeResult``) is dropped, and its game is played again. Raises ValueError naming the folder when it
+    holds another policy's or other settings' evaluation, or episodes without ``evaluation.json`` (whose policy
+    cannot be told)."""
+    from evoharness.agent import EpisodeResult
+
     meta, file = out / "evaluation.json", out / "transcripts.jsonl"
-    if meta.exists() and json.loads(meta.read_text()) != identity:
-        raise ValueError(f"{out} holds an evaluation of {meta.read_text()}, not of {json.dumps(identity)}: "
-                         "evaluate into another folder, or delete this one to start over")
+    has_rows = file.exists() and file.stat().st_size > 0
+    if meta.exists():
+        try:
+            recorded = json.loads(meta.read_text())
+        except json.JSONDecodeError:
+            recorded = None
+        if recorded != identity and has_rows:
+            raise ValueError(f"{out} holds an evaluation of {meta.read_text()}, not of {json.dumps(identity)}: "
+                             "evaluate into another folder, or delete this one to start over")
+    elif has_rows:
+        raise ValueError(f"{file} holds episodes but {meta} is missing, so which policy and settings played them "
+                         "cannot be told: evaluate into another folder, or delete this one to start over")
+    fields = {f.name for f in dataclasses.fields(EpisodeResult)}
     rows: dict[str, dict] = {}
-    if file.exists():
-        for i, line in enumerate(file.read_text().splitlines(), 1):
+    if has_rows:
+        text = file.read_text()
+        for i, line in enumerate(text.splitlines(), 1):
             try:
                 row = json.loads(line)
-            except json.JSONDecodeError:
-                if progress:
-                    progress(f"[evaluate] {file}:{i}: an unfinished line (a killed run?) is dropped and replayed")
+                EpisodeResult(**row)
+            except (json.JSONDecodeError, TypeError):
+                if line.strip() and progress:
+                    progress(f"[evaluate] {file}:{i}: not a whole episode (a killed run?); its game is played again")
                 continue
-            rows[row["game"]] = row
-        if not file.read_text().endswith("\n") and file.stat().st_size:
+            if set(row) <= fields:
+                rows[row["game"]] = row
+        if not text.endswith("\n"):
             with file.open("a") as fh:  # new rows start on a line of their own
                 fh.write("\n")
-    meta.write_text(json.dumps(identity))
     return rows
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def evaluate(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig, out_dir: str | Path,
@@ -144,17 +166,22 @@ def evaluate(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig, o
     An environment that raises ends that episode as failed (``errors`` and ``environment_failures`` in the
     summary); the run continues.
 
-    Resumes: a folder that already holds episodes of the same policy (``identity``, default ``policy``) and the same
-    ``cfg`` keeps them and plays only the missing games and those whose environment failed
+    Resumes: a folder that already holds episodes of the same policy (``identity``, default ``policy``; pin a
+    version, an alias or a retrained folder is the same string) with the same ``cfg``, ``cost`` and
+    ``workspace_cfg`` keeps them and plays only the missing games and those whose environment failed
     (``environment_failed``); ``resumed_episodes`` in the summary counts the kept ones. Each episode is appended as
-    it ends, and the file is rewritten in game order at the end. Raises ValueError when ``out_dir`` holds another
-    policy's or other settings' evaluation.
+    it ends, and the file is rewritten in game order at the end. The folder's Experience store is kept too, with
+    any notes the interrupted episode wrote; ``forced_acts`` and ``wall_s`` count this session only. Raises
+    ValueError when ``out_dir`` holds another policy's or other settings' evaluation.
     """
     from evoharness.agent import EpisodeResult, run_episode
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    done = _resumable(out, {"policy": identity or policy, "settings": dataclasses.asdict(cfg)}, progress)
+    ident = {"policy": identity or policy, "settings": dataclasses.asdict(cfg), "cost": dataclasses.asdict(cost),
+             "workspace": dataclasses.asdict(workspace_cfg) if workspace_cfg else None}
+    ident = json.loads(json.dumps(ident))  # as it reads back from evaluation.json (tuples become lists)
+    done = _resumable(out, ident, progress)
     wanted = set(games)
     keep = {g: r for g, r in done.items() if g in wanted and not environment_failed(r.get("error"))}
     if keep and progress:
@@ -168,6 +195,7 @@ def evaluate(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig, o
     else:
         store = ExperienceStore(out / "experience.db")
     pol = make_policy(policy, cfg, out / "model_cache", workspace_cfg)
+    _write_atomic(out / "evaluation.json", json.dumps(ident))  # once the policy has loaded
     wcfg = getattr(pol, "layout", None) or workspace_cfg or TraceConfig()
     results, t0, played = [], time.time(), 0
     split = Path(games[0]).parts[0] if games else cfg.split
@@ -198,9 +226,10 @@ def evaluate(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig, o
                 left = sum(g not in keep for g in games[i + 1:])
                 progress(f"[evaluate] {i + 1}/{len(games)} won={sum(r.won for r in results)} "
                          f"{rate:.1f} episodes/min, ETA {left / max(rate, 1e-9):.1f} min")
-    tmp = out / "transcripts.jsonl.tmp"
-    tmp.write_text("".join(json.dumps(r.__dict__) + "\n" for r in results))
-    os.replace(tmp, out / "transcripts.jsonl")  # one row per game, in game order
+    # one row per game, in game order (rows of games not in ``games`` are kept after them)
+    extra = [r for g, r in done.items() if g not in wanted]
+    _write_atomic(out / "transcripts.jsonl", "".join(json.dumps(r.__dict__) + "\n" for r in results)
+                  + "".join(json.dumps(r) + "\n" for r in extra))
     summary = summarize(results, split, games_total or len(games))
     summary["resumed_episodes"] = len(keep)
     summary["policy"] = policy

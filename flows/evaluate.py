@@ -3,9 +3,9 @@
     python -m flows.evaluate --policy MODEL_PATH|models:/NAME@ALIAS|expert|random --split NAME [--limit N]
                              [--summary-json FILE] [--profile NAME] [--decoding remap|score] [--work-dir DIR]
 
-``--work-dir DIR`` (default: a new ``runs/<time>-eval-<split>``): a folder of an earlier, interrupted evaluation
-of the same policy with the same settings resumes there: its finished episodes are kept and only the missing
-games, and those whose environment failed, are played (``evoharness.evaluate.evaluate``).
+``--work-dir DIR`` (default: a new ``runs/<time>-eval-<split>``): the folder above ``evaluate-<split>`` of an
+earlier, interrupted evaluation of the same policy with the same settings resumes there: its finished episodes are
+kept and only the missing games, and those whose environment failed, are played (``evoharness.evaluate.evaluate``).
 """
 
 from __future__ import annotations

@@ -12,7 +12,11 @@ For each lost episode (``won`` false) it asks, from the transcript alone:
   ``pick_heat_then_place_in_recep-Apple-None-...``) while no ``take`` of that object type was ever executed?
 - **object never seen**: no observation named it (the search failed).
 - **revisits**: the most times one ``go to`` command was repeated.
-- **meta-actions**: meta-action calls executed, and refused (over budget), per lost episode.
+- **meta-actions**: meta-action calls executed, and refused (over the budget, bad arguments, unknown tool), per lost
+  episode.
+
+Commands are the executed ones (``command``; the generated ``args.command`` where a row lacks it). Episodes whose
+environment failed (``evoharness.evaluate.environment_failed``) are counted apart and not classified.
 
 The object type comes from the ALFWorld game folder name; episodes of games named otherwise are counted as
 "object unknown". Prints a table (and writes it as Markdown with ``--out``). Exits 2 when the file holds no episodes.
@@ -26,6 +30,8 @@ import re
 import sys
 from collections import Counter
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 LOOP_WINDOW = 10
 LOOP_DISTINCT = 3
@@ -44,11 +50,11 @@ def task_object(game: str) -> str | None:
 
 def episode_failure(episode: dict, max_env_steps: int) -> dict:
     """The failure flags of one transcript row (keys: ``budget``, ``loop``, ``seen_not_taken``, ``never_seen``,
-    ``object_unknown`` as booleans; ``revisits``, ``meta_actions`` (executed) and ``rejected`` (refused, e.g. over
-    the meta-action budget) as ints). Raises KeyError naming the field when
+    ``object_unknown`` as booleans; ``revisits``, ``meta_actions`` (executed) and ``rejected`` (refused: over the
+    meta-action budget, bad arguments, unknown tool) as ints). Raises KeyError naming the field when
     the row lacks ``transcript`` or ``game``."""
     acts = [s for s in episode["transcript"] if s.get("turn") == "act"]
-    commands = [s.get("args", {}).get("command", "") for s in acts]
+    commands = [s.get("command") or s.get("args", {}).get("command", "") for s in acts]  # executed, else generated
     obj = task_object(episode["game"])
     seen = taken = False
     if obj is not None:
@@ -71,14 +77,18 @@ def episode_failure(episode: dict, max_env_steps: int) -> dict:
 
 def failure_table(episodes: list[dict], max_env_steps: int) -> list[tuple[str, str]]:
     """(row label, figure) pairs over the lost episodes of ``episodes``; shares are of lost episodes."""
-    lost = [episode_failure(e, max_env_steps) for e in episodes if not e.get("won")]
+    from evoharness.evaluate import environment_failed
+
+    failed = [e for e in episodes if environment_failed(e.get("error"))]
+    lost = [episode_failure(e, max_env_steps) for e in episodes if not e.get("won") and e not in failed]
     n = len(lost)
 
     def share(key: str) -> str:
         k = sum(f[key] for f in lost)
         return f"{k} ({100 * k / n:.0f} %)" if n else "0"
 
-    rows = [("episodes", str(len(episodes))), ("won", str(len(episodes) - n)), ("lost", str(n))]
+    rows = [("episodes", str(len(episodes))), ("won", str(sum(bool(e.get("won")) for e in episodes))),
+            ("environment failed (not classified)", str(len(failed))), ("lost", str(n))]
     rows += [(f"lost: used all {max_env_steps} environment steps", share("budget")),
              (f"lost: last {LOOP_WINDOW} commands are at most {LOOP_DISTINCT} distinct (loop)", share("loop")),
              ("lost: task object seen, never taken", share("seen_not_taken")),
@@ -94,7 +104,8 @@ def failure_table(episodes: list[dict], max_env_steps: int) -> list[tuple[str, s
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("transcripts", help="an evaluation's transcripts.jsonl")
-    p.add_argument("--max-env-steps", type=int, default=50, help="the evaluation's environment step budget")
+    p.add_argument("--max-env-steps", type=int, default=50,
+                   help="the evaluation's environment step budget (evaluate.max_env_steps: 50 in the full profile)")
     p.add_argument("--out", default=None, help="also write the table as Markdown here")
     a = p.parse_args(argv)
     episodes = []

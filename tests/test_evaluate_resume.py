@@ -39,7 +39,7 @@ def test_a_killed_evaluation_resumes_and_replays_environment_failures(tmp_path, 
     again = evaluate("expert", tiny_games, CFG, CostConfig(), out, progress=lines.append)
     assert again["resumed_episodes"] == 1 and again["episodes"] == 3 and again["environment_failures"] == 0
     assert any("1 of 3 episodes kept, 2 to play (1 of them after an environment failure)" in x for x in lines)
-    assert any("unfinished line" in x for x in lines)
+    assert any("not a whole episode" in x for x in lines)
     after = [json.loads(x) for x in (out / "transcripts.jsonl").read_text().splitlines()]
     assert [r["game"] for r in after] == tiny_games  # one row per game, in order
     assert after[0]["generated_tokens"] == 12345  # kept, not replayed
@@ -48,4 +48,16 @@ def test_a_killed_evaluation_resumes_and_replays_environment_failures(tmp_path, 
 
     with pytest.raises(ValueError, match="holds an evaluation of"):
         evaluate("random", tiny_games, CFG, CostConfig(), out, progress=None)
+    with pytest.raises(ValueError, match="holds an evaluation of"):  # other costs: other rewards
+        evaluate("expert", tiny_games, CFG, CostConfig(per_generated_token=0.5), out, progress=None)
+    (out / "evaluation.json").unlink()
+    with pytest.raises(ValueError, match="evaluation.json is missing"):  # whose episodes these are is unknown
+        evaluate("expert", tiny_games, CFG, CostConfig(), out, progress=None)
+
+
+def test_a_policy_that_fails_to_load_does_not_claim_the_folder(tmp_path, tiny_games):
+    out = tmp_path / "evaluate-train"
+    with pytest.raises(OSError):
+        evaluate(str(tmp_path / "no-such-model"), tiny_games[:1], CFG, CostConfig(), out, progress=None)
+    assert evaluate("expert", tiny_games[:1], CFG, CostConfig(), out, progress=None)["episodes"] == 1
 

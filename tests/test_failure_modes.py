@@ -35,7 +35,8 @@ def test_lost_episodes_are_classified(tmp_path):
     won = [act("go to toilet 1", "you see a candle 1"), act("take candle 1 from toilet 1")]
     episodes = [{"game": GAME, "won": False, "transcript": looped},
                 {"game": GAME, "won": False, "transcript": searched},
-                {"game": GAME, "won": True, "transcript": won}]
+                {"game": GAME, "won": True, "transcript": won},
+                {"game": GAME, "won": False, "transcript": [], "error": "reset failed: OSError(28, 'No space')"}]
     f = failure_modes.episode_failure(episodes[0], max_env_steps=12)
     assert f == {"budget": True, "loop": True, "seen_not_taken": True, "never_seen": False, "object_unknown": False,
                  "revisits": 6, "meta_actions": 1, "rejected": 1}
@@ -43,7 +44,7 @@ def test_lost_episodes_are_classified(tmp_path):
     assert (g["budget"], g["loop"], g["seen_not_taken"], g["never_seen"], g["revisits"]) == (False, False, False,
                                                                                              True, 1)
     rows = dict(failure_modes.failure_table(episodes, max_env_steps=12))
-    assert rows["lost"] == "2" and rows["won"] == "1"
+    assert rows["lost"] == "2" and rows["won"] == "1" and rows["environment failed (not classified)"] == "1"
     assert rows["lost: task object seen, never taken"] == "1 (50 %)"
     assert rows["lost: task object never seen"] == "1 (50 %)"
     assert rows["lost: mean meta-actions executed per episode"] == "0.5"
