@@ -110,7 +110,7 @@ def environment_failed(error: str | None) -> bool:
     return bool(error) and error.startswith(ENVIRONMENT_FAILURES)
 
 
-def _resumable(out: Path, identity: dict, progress) -> dict[str, dict]:
+def _resumable(out: Path, identity: dict, progress) -> dict:
     """The episodes already written to ``out/transcripts.jsonl`` by an evaluation with the same ``identity``
     (policy and settings), by game. A line that is not a whole episode (cut short by a killed process, or from an
     older ``EpisodeResult``) is dropped, and its game is played again. Raises ValueError naming the folder when it
@@ -131,20 +131,17 @@ def _resumable(out: Path, identity: dict, progress) -> dict[str, dict]:
     elif has_rows:
         raise ValueError(f"{file} holds episodes but {meta} is missing, so which policy and settings played them "
                          "cannot be told: evaluate into another folder, or delete this one to start over")
-    fields = {f.name for f in dataclasses.fields(EpisodeResult)}
-    rows: dict[str, dict] = {}
+    rows = {}  # game -> EpisodeResult
     if has_rows:
         text = file.read_text()
         for i, line in enumerate(text.splitlines(), 1):
             try:
-                row = json.loads(line)
-                EpisodeResult(**row)
+                row = EpisodeResult(**json.loads(line))
             except (json.JSONDecodeError, TypeError):
                 if line.strip() and progress:
                     progress(f"[evaluate] {file}:{i}: not a whole episode (a killed run?); its game is played again")
                 continue
-            if set(row) <= fields:
-                rows[row["game"]] = row
+            rows[row.game] = row
         if not text.endswith("\n"):
             with file.open("a") as fh:  # new rows start on a line of their own
                 fh.write("\n")
@@ -174,7 +171,7 @@ def evaluate(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig, o
     any notes the interrupted episode wrote; ``forced_acts`` and ``wall_s`` count this session only. Raises
     ValueError when ``out_dir`` holds another policy's or other settings' evaluation.
     """
-    from evoharness.agent import EpisodeResult, run_episode
+    from evoharness.agent import run_episode
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -183,7 +180,7 @@ def evaluate(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig, o
     ident = json.loads(json.dumps(ident))  # as it reads back from evaluation.json (tuples become lists)
     done = _resumable(out, ident, progress)
     wanted = set(games)
-    keep = {g: r for g, r in done.items() if g in wanted and not environment_failed(r.get("error"))}
+    keep = {g: r for g, r in done.items() if g in wanted and not environment_failed(r.error)}
     if keep and progress:
         replay = sum(g in done and g not in keep for g in games)
         progress(f"[evaluate] resuming in {out}: {len(keep)} of {len(games)} episodes kept, "
@@ -202,7 +199,7 @@ def evaluate(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig, o
     with (out / "transcripts.jsonl").open("a") as fh:
         for i, game in enumerate(games):
             if game in keep:
-                results.append(EpisodeResult(**keep[game]))
+                results.append(keep[game])
                 continue
             try:
                 env = ALFWorldEnv(game, max_steps=cfg.max_env_steps + 1, expert=policy == "expert",
@@ -223,13 +220,12 @@ def evaluate(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig, o
             played += 1
             rate = played / (time.time() - t0) * 60
             if progress:
-                left = sum(g not in keep for g in games[i + 1:])
+                left = len(games) - len(keep) - played
                 progress(f"[evaluate] {i + 1}/{len(games)} won={sum(r.won for r in results)} "
                          f"{rate:.1f} episodes/min, ETA {left / max(rate, 1e-9):.1f} min")
     # one row per game, in game order (rows of games not in ``games`` are kept after them)
     extra = [r for g, r in done.items() if g not in wanted]
-    _write_atomic(out / "transcripts.jsonl", "".join(json.dumps(r.__dict__) + "\n" for r in results)
-                  + "".join(json.dumps(r) + "\n" for r in extra))
+    _write_atomic(out / "transcripts.jsonl", "".join(json.dumps(r.__dict__) + "\n" for r in results + extra))
     summary = summarize(results, split, games_total or len(games))
     summary["resumed_episodes"] = len(keep)
     summary["policy"] = policy

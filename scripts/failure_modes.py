@@ -79,8 +79,8 @@ def failure_table(episodes: list[dict], max_env_steps: int) -> list[tuple[str, s
     """(row label, figure) pairs over the lost episodes of ``episodes``; shares are of lost episodes."""
     from evoharness.evaluate import environment_failed
 
-    failed = [e for e in episodes if environment_failed(e.get("error"))]
-    lost = [episode_failure(e, max_env_steps) for e in episodes if not e.get("won") and e not in failed]
+    failed = [environment_failed(e.get("error")) for e in episodes]
+    lost = [episode_failure(e, max_env_steps) for e, f in zip(episodes, failed) if not e.get("won") and not f]
     n = len(lost)
 
     def share(key: str) -> str:
@@ -88,7 +88,7 @@ def failure_table(episodes: list[dict], max_env_steps: int) -> list[tuple[str, s
         return f"{k} ({100 * k / n:.0f} %)" if n else "0"
 
     rows = [("episodes", str(len(episodes))), ("won", str(sum(bool(e.get("won")) for e in episodes))),
-            ("environment failed (not classified)", str(len(failed))), ("lost", str(n))]
+            ("environment failed (not classified)", str(sum(failed))), ("lost", str(n))]
     rows += [(f"lost: used all {max_env_steps} environment steps", share("budget")),
              (f"lost: last {LOOP_WINDOW} commands are at most {LOOP_DISTINCT} distinct (loop)", share("loop")),
              ("lost: task object seen, never taken", share("seen_not_taken")),
