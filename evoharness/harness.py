@@ -14,8 +14,10 @@ arguments give the policy an error result and never raise.
 from __future__ import annotations
 
 import json
+import random
 import re
 import sqlite3
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,18 +67,44 @@ def tokens(text: str) -> list[str]:
 
 
 class ExperienceStore:
-    """Lessons in SQLite (``path``, or in memory for ``":memory:"``); safe for concurrent writers.
+    """Lessons in SQLite (``path``, or in memory for ``":memory:"``); safe for concurrent writers and openers.
+
+    ``timeout`` (seconds) bounds the wait for a lock held by another process; past it, sqlite3.OperationalError.
 
     Table ``lessons(id, text, tags, source_episode, uses, successes, count)``; identical text merges (count += 1).
     """
 
-    def __init__(self, path: str | Path = ":memory:"):
+    def __init__(self, path: str | Path = ":memory:", timeout: float = 30.0):
         self.path = str(path)
-        self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL" if self.path != ":memory:" else "PRAGMA journal_mode=MEMORY")
-        self._db.execute("CREATE TABLE IF NOT EXISTS lessons (id INTEGER PRIMARY KEY, text TEXT UNIQUE, tags TEXT,"
-                         " source_episode TEXT, uses INTEGER DEFAULT 0, successes INTEGER DEFAULT 0,"
-                         " count INTEGER DEFAULT 1)")
+        self._db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None)
+        self._create(timeout)
+
+    def _create(self, timeout: float) -> None:
+        """Switch to WAL and create the table, retrying while another process does the same.
+
+        Two processes opening a new store at once (the ranks of ``accelerate launch``) race for the lock that the
+        journal-mode switch takes; SQLite can answer ``database is locked`` there without waiting on the busy
+        timeout, so the set-up is retried with jittered back-off until ``timeout`` seconds have passed.
+        """
+        mode = "WAL" if self.path != ":memory:" else "MEMORY"
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self._db.execute("PRAGMA journal_mode").fetchone()[0].upper() != mode:
+                    self._db.execute(f"PRAGMA journal_mode={mode}")
+                self._db.execute("CREATE TABLE IF NOT EXISTS lessons (id INTEGER PRIMARY KEY, text TEXT UNIQUE,"
+                                 " tags TEXT, source_episode TEXT, uses INTEGER DEFAULT 0,"
+                                 " successes INTEGER DEFAULT 0, count INTEGER DEFAULT 1)")
+                return
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) and "busy" not in str(e):
+                    raise
+                if time.monotonic() > deadline:
+                    raise sqlite3.OperationalError(
+                        f"Experience store {self.path}: still locked after {timeout:.0f} s ({e}); another process "
+                        "holds it open in a write. Stop that process, or give this run its own experience_path"
+                    ) from e
+                time.sleep(random.uniform(0.01, 0.1))
 
     def add(self, text: str, tags: list[str], source_episode: str = "") -> int:
         """Insert a lesson or merge it into an identical one. Returns its id."""

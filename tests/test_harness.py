@@ -114,6 +114,24 @@ def test_two_concurrent_writer_processes_lose_no_lesson(tmp_path):
     assert [x["count"] for x in lessons if x["text"] == "a shared lesson"] == [200]
 
 
+def _open_new_store(path, barrier, tag):
+    barrier.wait()
+    ExperienceStore(path).add(f"lesson {tag}", [tag])
+
+
+def test_processes_opening_a_new_store_at_once_all_succeed(tmp_path):
+    """The ranks of ``accelerate launch`` create the GRPO Experience store together (CI saw 'database is locked')."""
+    ctx = multiprocessing.get_context("fork")
+    for trial in range(25):
+        path = str(tmp_path / f"exp{trial}.db")
+        barrier = ctx.Barrier(4)
+        procs = [ctx.Process(target=_open_new_store, args=(path, barrier, t)) for t in range(4)]
+        [p.start() for p in procs]
+        [p.join(60) for p in procs]
+        assert [p.exitcode for p in procs] == [0, 0, 0, 0], f"trial {trial}"
+        assert sorted(x["text"] for x in ExperienceStore(path).all()) == [f"lesson {t}" for t in range(4)]
+
+
 def test_profiles_resolve_and_bad_ones_name_the_problem(tmp_path):
     import pytest
 
