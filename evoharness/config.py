@@ -65,9 +65,12 @@ class CollectConfig:
 @dataclass
 class IngestConfig:
     """Reading the raw logs. ``on_error``: ``stop`` (the first bad record raises, naming file, line and field) or
-    ``quarantine`` (bad records, and the rest of their episodes, go to a side file and are counted in MLflow)."""
+    ``quarantine`` (bad records, and the rest of their episodes, go to a side file and are counted in MLflow).
+    ``dagger``: DVC-tracked folders of expert-labelled policy episodes (``python -m flows.dagger``) aggregated with
+    the expert logs of ``collect.path`` (DAgger's dataset aggregation)."""
 
     on_error: str = "stop"
+    dagger: list[str] = field(default_factory=list)
 
     def __post_init__(self):
         if self.on_error not in ("stop", "quarantine"):

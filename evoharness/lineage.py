@@ -31,7 +31,8 @@ def _run_summary(client, run_id: str) -> dict:
 
 def resolve_data(repo: str | Path, tags: dict) -> tuple[str, list[tuple[str, int]]]:
     """Find the git rev whose ``<data_path>.dvc`` (tag ``data_path``, default ``data``) names the recorded md5 and
-    read every raw-log shard at it through DVC.
+    read every raw-log shard at it through DVC. Aggregated data (DAgger: ``data_path`` ``a+b``, ``dvc_md5``
+    ``md5a+md5b``) resolves each folder at the same rev.
 
     Returns (rev, [(shard path, bytes)]). Raises LineageError when no rev matches or a shard cannot be read.
     """
@@ -40,36 +41,40 @@ def resolve_data(repo: str | Path, tags: dict) -> tuple[str, list[tuple[str, int
     from evoharness.rawlog import dvc_md5, read_episodes
 
     want = tags.get("dvc_md5")
-    data_path = tags.get("data_path") or "data"
-    dvc_file = f"{data_path}.dvc"
     if not want:
         raise LineageError("the model version has no dvc_md5 tag: it was not registered by the pipeline")
+    paths, wants = (tags.get("data_path") or "data").split("+"), want.split("+")
+    if len(paths) != len(wants):
+        raise LineageError(f"data_path {tags.get('data_path')!r} names {len(paths)} folders but dvc_md5 {want!r} "
+                           f"{len(wants)} versions")
     revs = [tags["data_rev"]] if tags.get("data_rev") not in (None, "", "workspace") else []
     revs += [r for r in (tags.get("git_commit"), "HEAD") if r and r != "unknown"]
     rev = None
     for candidate in dict.fromkeys(revs):
         try:
-            if dvc_md5(repo, candidate, dvc_file) == want:
+            if all(dvc_md5(repo, candidate, f"{p}.dvc") == w for p, w in zip(paths, wants)):
                 rev = candidate
                 break
         except FileNotFoundError:
             continue
+    files = " and ".join(f"{p}.dvc" for p in paths)
     if rev is None:
-        raise LineageError(f"no git rev among {revs} of {repo} has a {dvc_file} naming md5 {want}; the data version "
-                           f"was "
-                           f"never committed here (check out the repository this model was trained from)")
-    try:
-        episodes, md5 = read_episodes(repo, rev, f"{data_path}/logs")
-    except Exception as exc:
-        raise LineageError(f"raw logs md5 {want} at rev {rev} do not resolve through DVC: {exc}. Restore them with "
-                           f"`dvc pull` from the remote, or re-run collection with the profile that made them") from exc
-    if md5 != want:
-        raise LineageError(f"{dvc_file} at rev {rev} names md5 {md5}, the model records {want}")
-    fs = DVCFileSystem(str(repo), rev=rev)
+        raise LineageError(f"no git rev among {revs} of {repo} has {files} naming md5 {want}; the data version "
+                           f"was never committed here (check out the repository this model was trained from)")
     shards = []
-    for path in sorted(fs.find(f"{data_path}/logs")):
-        with fs.open(path, "rb") as fh:
-            shards.append((path, len(fh.read())))
+    fs = DVCFileSystem(str(repo), rev=rev)
+    for data_path, w in zip(paths, wants):
+        try:
+            episodes, md5 = read_episodes(repo, rev, f"{data_path}/logs")
+        except Exception as exc:
+            raise LineageError(f"raw logs md5 {w} at rev {rev} do not resolve through DVC: {exc}. Restore them "
+                               f"with `dvc pull` from the remote, or re-run collection with the profile that made "
+                               f"them") from exc
+        if md5 != w:
+            raise LineageError(f"{data_path}.dvc at rev {rev} names md5 {md5}, the model records {w}")
+        for path in sorted(fs.find(f"{data_path}/logs")):
+            with fs.open(path, "rb") as fh:
+                shards.append((path, len(fh.read())))
     return rev, shards
 
 

@@ -11,7 +11,8 @@ One JSON object per line, one line per step of an episode:
 | observation | str | step 0: the initial text (with the task); step t: the result of ``action`` |
 | admissible_commands | list[str] | commands admissible *after* this record (for the next action) |
 | action | str or null | the command executed at this step (null at step 0) |
-| action_source | str or null | ``expert``, ``random`` or ``invalid`` (null at step 0) |
+| action_source | str or null | ``expert``, ``random``, ``invalid`` or ``policy`` (DAgger logs); null at step 0 |
+| expert_action | str or null, optional | ``policy`` records: the expert's command where ``action`` was taken |
 | reward | float | the environment's reward for this step |
 | done | bool | the episode ended here (won, or out of steps) |
 | won | bool | ALFWorld's ``won``: the success flag (never use ``done``) |
@@ -92,6 +93,8 @@ def validate_record(rec: object, where: str) -> dict:
         raise RawLogError(f"{where}: field 'step' is {rec['step']}; steps count from 0")
     if "error" in rec and not isinstance(rec["error"], str):
         raise RawLogError(f"{where}: field 'error' is {type(rec['error']).__name__}, expected str")
+    if rec.get("expert_action") is not None and not isinstance(rec["expert_action"], str):
+        raise RawLogError(f"{where}: field 'expert_action' is {type(rec['expert_action']).__name__}, expected str")
     if rec["reward"] != rec["reward"]:
         raise RawLogError(f"{where}: field 'reward' is NaN")
     return rec
@@ -219,3 +222,17 @@ def read_episodes(repo: str | Path, rev: str | None = None, path: str = "data/lo
             episodes.extend(parse_lines(lines, shard, quarantine))
     md5 = dvc_md5(repo, rev, f"{Path(path).parent}.dvc")
     return episodes, md5 or ""
+
+
+def dagger_policy(repo: str | Path, data_rev: str | None, path: str) -> str:
+    """The policy whose states ``<path>/`` holds (its ``dagger-*.json`` manifest, read through DVC at ``data_rev``);
+    ``unknown`` when the folder has no manifest."""
+    from dvc.api import DVCFileSystem
+
+    fs = DVCFileSystem(str(repo), rev=data_rev)
+    for name in sorted(p for p in fs.find(path, maxdepth=1) if Path(p).name.startswith("dagger-")
+                       and p.endswith(".json")):
+        with fs.open(name, "r") as fh:
+            return json.load(fh)["settings"]["policy"]
+    return "unknown"
+

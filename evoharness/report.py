@@ -34,7 +34,8 @@ def pipeline_summary(ev: dict, parent_ev: dict, model: dict, grpo: dict, sft: di
         "promotion": promotion,
         "sft": {k: sft.get(k) for k in ("global_step", "first_loss", "last_loss", "parameters", "world_size",
                                         "train_runtime_s", "tokens_seen")},
-        "traces": {k: traces.get(k) for k in ("episodes", "kept", "train_rows", "valid_rows", "content_hash")},
+        "traces": {k: traces.get(k) for k in ("episodes", "kept", "dagger_episodes", "train_rows", "valid_rows",
+                                             "content_hash")},
         "data": data,
         "lineage": lineage,
     }

@@ -9,6 +9,9 @@ The teacher reads an episode's raw steps and inserts, in the Qwen3 tool-call cha
   does not go back to it;
 - ``note`` at episode end, with a lesson (where the object was found; which command form failed).
 
+DAgger episodes (``evoharness.dagger``: the policy acted, the expert labelled each state) give ``turn`` examples
+whose act targets are the expert's commands, with the policy's own commands as history.
+
 Every meta-action runs against a real ``Workspace`` so its tool result is what the policy will see at run time.
 Experience comes only from episodes earlier in the (sorted) episode order, so a trace never sees its own future.
 """
@@ -130,12 +133,18 @@ class Teacher:
             meta("commit", {"id": "goal", "status": "active", "text": ep.task}, 0)
         next_goal, failures, found_at = 0, 0, None
         ws.observe(0, ep.records[0]["observation"])
+        admissible = ep.records[0]["admissible_commands"]  # the commands the state before each record admits
         for rec in ep.records[1:]:
             obs, step = rec["observation"], rec["step"]
             call = tool_call_message("act", {"command": rec["action"]})
             source = rec.get("action_source")
-            if source not in ("random", "invalid") and not (source == "expert" and rec["action"] in cfg.drop_labels):
+            if source == "policy":  # DAgger: the target is the expert's command in this state, not the policy's
+                label = rec.get("expert_action")
+                if label and label not in cfg.drop_labels and label in admissible:
+                    example(tool_call_message("act", {"command": label}))
+            elif source not in ("random", "invalid") and not (source == "expert" and rec["action"] in cfg.drop_labels):
                 example(call)
+            admissible = rec["admissible_commands"]
             ws.observe(step, obs)
             shown = final_observation(obs, rec["won"]) if rec["done"] else obs
             msgs.extend([call, {"role": "tool", "content": shown}])
@@ -195,6 +204,12 @@ class Teacher:
         return f"{obj} not found in {len(ep.records) - 1} steps: search other receptacles"
 
 
+def is_dagger(ep: Episode) -> bool:
+    """Whether the episode is a DAgger log (``evoharness.dagger``): the policy acted, the expert labelled. Its
+    targets are the expert's whatever the policy's outcome, so ``won_only`` does not drop it."""
+    return any(r.get("action_source") == "policy" for r in ep.records[1:])
+
+
 def build_traces(episodes: list[Episode], cfg: TraceConfig, out_dir: str | Path,
                  experience_path: str | Path | None = None) -> dict:
     """Annotate every episode (sorted by episode id) and write ``train.jsonl``/``valid.jsonl`` trace datasets.
@@ -203,7 +218,8 @@ def build_traces(episodes: list[Episode], cfg: TraceConfig, out_dir: str | Path,
     per policy turn; ``messages_mean`` then counts examples per episode and ``chars_mean`` the user message's length.
 
     Episodes with ``error`` or (when ``cfg.won_only``) unwon ones still add their lesson to Experience but are
-    left out of the datasets. The validation split holds whole games (``valid_share`` of them, by hash).
+    left out of the datasets; unwon DAgger episodes (``is_dagger``) are kept: their targets are the expert's.
+    The validation split holds whole games (``valid_share`` of them, by hash).
     Returns stats and ``content_hash``: sha256 of both files, so the same episodes give the same hash.
     """
     out = Path(out_dir)
@@ -218,8 +234,12 @@ def build_traces(episodes: list[Episode], cfg: TraceConfig, out_dir: str | Path,
     for ep in sorted(episodes, key=lambda e: e.episode_id):
         row = teacher.annotate(ep)
         stats["episodes"] += 1
-        if "error" in ep.records[-1] or (cfg.won_only and not ep.won):
+        if "error" in ep.records[-1] or (cfg.won_only and not ep.won and not is_dagger(ep)):
             continue
+        if is_dagger(ep) and cfg.context != "turn":  # one conversation per episode would teach the policy's acts
+            stats["dagger_skipped"] = stats.get("dagger_skipped", 0) + 1
+            continue
+        stats["dagger_episodes"] = stats.get("dagger_episodes", 0) + is_dagger(ep)
         bucket = int(hashlib.sha256(ep.game.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
         split = "valid" if bucket < cfg.valid_share else "train"
         turns = row.pop("turns")

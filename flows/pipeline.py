@@ -16,9 +16,10 @@ from pathlib import Path
 from prefect import flow
 
 from evoharness.config import load_profile
+from evoharness.rawlog import dagger_policy
 from evoharness.report import pipeline_summary, print_summary, write_summary
 from tasks.caching import run_stage
-from tasks.data import collect_task, ingest_task
+from tasks.data import collect_task, ingest_task, set_parent_tags
 from tasks.evaluation import evaluate_task, promote_task, recorded_evaluation, register_task
 from tasks.run import pipeline_run
 from tasks.traces import build_traces_task
@@ -54,6 +55,15 @@ def pipeline(profile: str = "default", data_rev: str | None = None, split: str |
         data = collect_task(cfg, repo, pid)
         lap("collect")
         episodes, md5 = ingest_task(repo, data_rev, pid, cfg.ingest.on_error, cfg.collect.path)
+        data_paths, dagger_policies = [cfg.collect.path], {}
+        for path in cfg.ingest.dagger:  # DAgger: aggregate expert-labelled policy episodes with the expert logs
+            more, more_md5 = ingest_task(repo, data_rev, pid, cfg.ingest.on_error, path)
+            episodes, md5 = episodes + more, f"{md5}+{more_md5}"
+            data_paths.append(path)
+            dagger_policies[path] = dagger_policy(repo, data_rev, path)
+        data_path = "+".join(data_paths)
+        if cfg.ingest.dagger:
+            set_parent_tags(pid, {"dvc_md5": md5, "data_path": data_path})
         lap("ingest")
         traces, hit = run_stage(build_traces_task, episodes, md5, cfg, runs, pid)
         lap("build_traces", hit)
@@ -67,7 +77,8 @@ def pipeline(profile: str = "default", data_rev: str | None = None, split: str |
             grpo, hit = run_stage(grpo_task, cfg, sft, traces, runs, pid)
             lap("grpo", hit)
         final = grpo or {"final_path": sft["final_path"], "experience_path": traces["experience_path"]}
-        lineage = {"data_rev": data_rev or "workspace", "dvc_md5": md5, "data_path": cfg.collect.path,
+        lineage = {"data_rev": data_rev or "workspace", "dvc_md5": md5, "data_path": data_path,
+                   **{f"dagger_policy.{k}": v for k, v in dagger_policies.items()},
                    "trace_hash": traces["content_hash"], "trace_run_id": traces["run_id"],
                    "parent_model_run_id": sft["run_id"], "trained_until": until,
                    **({"parent_model_uri": sft["model_uri"]} if sft_model else {}),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import mlflow
@@ -105,3 +106,54 @@ def ingest_task(repo: str, data_rev: str | None, parent_run_id: str, on_error: s
             log.warning(f"{len(quarantine)} raw-log records quarantined to {side}; first: {quarantine[0]['error']}")
     log.info(f"ingested {len(episodes)} episodes at rev {data_rev or 'workspace'} (md5 {md5})")
     return episodes, md5
+
+
+@task(name="dagger", timeout_seconds=6 * 3600, cache_policy=NO_CACHE)
+def dagger_task(policy: str, cfg: PipelineConfig, repo: str, tag: str, num_games: int, game_offset: int,
+                workers: int, parent_run_id: str) -> dict:
+    """Play ``num_games`` train games (evenly spaced from ``game_offset``) with ``policy``, the handcoded expert
+    labelling each state (``evoharness.dagger``), into the DVC-tracked folder ``data-dagger-<tag>/``; ``dvc add`` and
+    push it. A folder whose logs its ``.dvc`` file already names is kept as it is (``status`` present); a killed
+    collection resumes. Logs the policy, the games and the agreement with the expert to MLflow."""
+    from evoharness.dagger import collect_dagger
+    from evoharness.evaluate import spread
+
+    log = get_run_logger()
+    path = f"data-dagger-{tag}"
+    folder, dvc_file = Path(repo) / path, Path(repo) / f"{path}.dvc"
+    ev = cfg.evaluate
+    games = spread(list_games("train", offset=game_offset), num_games)
+    with start_run("dagger", parent_run_id, tags={"policy": policy, "model_uri": policy, "data_path": path}):
+        mlflow.log_params({"dagger.policy": policy, "dagger.tag": tag, "dagger.num_games": num_games,
+                           "dagger.game_offset": game_offset, **{f"evaluate.{k}": v for k, v in ev.__dict__.items()}})
+        committed = rawlog.dvc_md5(repo, dvc_file=dvc_file.name)
+        if committed and (folder / f"dagger-{tag}.json").exists():
+            md5 = datastore.dvc_add(repo, path)
+            if md5 != committed:
+                raise datastore.DataVersionMismatch(
+                    f"{folder} holds DAgger logs with md5 {md5}, not the version {dvc_file.name} names ({committed}): "
+                    f"restore it with `dvc checkout {path}`, or use another --tag")
+            status, manifest = "present", json.loads((folder / f"dagger-{tag}.json").read_text())
+        else:
+            manifest = collect_dagger(
+                policy, games, folder, ev, cfg.cost, tag, workers, workspace_cfg=cfg.traces,
+                progress=log.info)
+            shutil.rmtree(folder / "model_cache", ignore_errors=True)
+            md5, status = datastore.dvc_add(repo, path), "collected"
+            mlflow.log_metrics({"wall_s": manifest["wall_s"], "resumed": manifest["resumed"],
+                                "episodes_per_min": (manifest["episodes"] - manifest["resumed"])
+                                / max(manifest["wall_s"], 1e-9) * 60})
+        mlflow.log_metrics({k: manifest[k] for k in ("episodes", "won", "steps", "labelled_steps", "agreement")})
+        mlflow.set_tags({"dvc_md5": md5, "data_status": status})
+        pushed = datastore.dvc_push(repo, path) if datastore.default_remote(repo) else None
+    log.info(f"DAgger logs {status} in {path}/: {manifest['episodes']} episodes of {policy}, "
+             f"{manifest['labelled_steps']} expert-labelled steps, agreement {manifest['agreement']:.3f}, md5 {md5}")
+    return {"status": status, "path": path, "md5": md5, "pushed": pushed, "episodes": manifest["episodes"],
+            "won": manifest["won"], "labelled_steps": manifest["labelled_steps"], "agreement": manifest["agreement"]}
+
+
+def set_parent_tags(run_id: str, tags: dict) -> None:
+    """Tag the pipeline's parent run (the aggregated data's md5 and paths, after the per-folder ingests)."""
+    client = mlflow.MlflowClient()
+    for k, v in tags.items():
+        client.set_tag(run_id, k, v)

@@ -316,3 +316,34 @@ def test_a_clone_pulls_the_pushed_version_from_the_default_remote(tmp_path, git_
     assert again["status"] == "pulled" and again["md5"] == first["md5"]
     shard = "logs-v1/logs/shard-00000.jsonl"
     assert (clone / shard).read_bytes() == (git_repo / shard).read_bytes()
+
+
+def test_dagger_episodes_of_a_registered_version_train_the_next_one_with_lineage(first_run, pipeline_repo, tmp_path):
+    """flows.dagger: version 1 plays, the expert labels, the logs become their own DVC version; a profile with
+    ingest.dagger aggregates them with the expert logs, and the new version's lineage names both data versions and
+    the policy that played (the lineage command verifies them)."""
+    from flows.dagger import dagger_flow
+    from flows.pipeline import pipeline
+
+    out = dagger_flow("models:/evoharness-policy/1", "t", profile="tiny", num_games=2, workers=1,
+                      repo=str(pipeline_repo))
+    assert out["status"] == "collected" and out["episodes"] == 2 and out["labelled_steps"] > 0
+    assert dvc_md5(pipeline_repo, dvc_file="data-dagger-t.dvc") == out["md5"]
+    again = dagger_flow("models:/evoharness-policy/1", "t", profile="tiny", num_games=2, workers=1,
+                        repo=str(pipeline_repo))
+    assert again["status"] == "present" and again["md5"] == out["md5"]
+    profile = tmp_path / "tiny-dagger.yaml"
+    profile.write_text("extends: tiny\nmodel:\n  path: models:/evoharness-policy/1\nsft:\n  max_steps: 1\n"
+                       "traces:\n  context: turn\ningest:\n  dagger: [data-dagger-t]\n"
+                       "registered_model_name: evoharness-policy-dagger\n")
+    run = pipeline(profile=str(profile), repo=str(pipeline_repo), until="sft")
+    lineage = run["lineage"]
+    assert lineage["data_path"] == "data+data-dagger-t"
+    assert lineage["dvc_md5"] == f"{dvc_md5(pipeline_repo)}+{out['md5']}"
+    assert lineage["dagger_policy.data-dagger-t"] == "models:/evoharness-policy/1"
+    assert run["traces"]["dagger_episodes"] == 2
+    git(pipeline_repo, "add", "-A")
+    git(pipeline_repo, "commit", "-qm", "dagger data")
+    ok = run_lineage(pipeline_repo, run["model_uri"])
+    assert ok.returncode == 0, ok.stderr
+    assert "data-dagger-t/logs/dagger-t-00000.jsonl" in ok.stdout and "lineage check passed" in ok.stdout
