@@ -125,6 +125,8 @@ class TraceConfig:
             (random, invalid) commands of perturbed episodes always; and these expert commands: ALFWorld's expert
             wrapper answers ``look`` (sometimes ``inventory``) whenever its own next command is not admissible (field
             notes: ~11 % of labels).
+        dagger_weight: ``turn`` context: how many times each DAgger episode's examples appear in the train split
+            (``ingest.dagger``; they are a small share of the aggregate, and the states the policy reaches).
     """
 
     won_only: bool = True
@@ -138,10 +140,13 @@ class TraceConfig:
     system_prompt: bool = False
     tools_in_prompt: bool = False
     drop_labels: list[str] = field(default_factory=lambda: ["look", "inventory"])
+    dagger_weight: int = 1
 
     def __post_init__(self):
         if self.context not in ("history", "turn"):
             raise ValueError(f"traces.context is {self.context!r}; use 'history' or 'turn'")
+        if self.dagger_weight < 1:
+            raise ValueError(f"traces.dagger_weight is {self.dagger_weight}; use 1 or more (copies of each example)")
         if not self.harness and self.context != "turn":
             raise ValueError("traces.harness: false (the plain baseline) needs traces.context: turn")
 

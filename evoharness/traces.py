@@ -244,9 +244,10 @@ def build_traces(episodes: list[Episode], cfg: TraceConfig, out_dir: str | Path,
         split = "valid" if bucket < cfg.valid_share else "train"
         turns = row.pop("turns")
         if cfg.context == "turn":
+            copies = cfg.dagger_weight if is_dagger(ep) and split == "train" else 1
             for i, t in enumerate(turns):
-                rows[split].append(t | {"episode_id": ep.episode_id, "game": ep.game, "turn": i}
-                                   | ({"tools": tools} if cfg.tools_in_prompt else {}))
+                rows[split].extend([t | {"episode_id": ep.episode_id, "game": ep.game, "turn": i}
+                                    | ({"tools": tools} if cfg.tools_in_prompt else {})] * copies)
                 lengths["chars"].append(len(t["prompt"][-1]["content"]))
             lengths["messages"].append(len(turns))
         else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -90,6 +91,9 @@ def test_traces_target_the_expert_labels_and_keep_lost_dagger_episodes(dagger_lo
         assert want and targets[ep.episode_id] == want
         executed = [r["action"] for r in ep.records[1:]]
         assert targets[ep.episode_id] != executed[:len(want)]  # the policy's commands are history, not targets
+    twice = build_traces(episodes, dataclasses.replace(TURN, dagger_weight=2), tmp_path / "twice")
+    assert stats["train_rows"] > 0 and twice["train_rows"] == 2 * stats["train_rows"]
+    assert twice["valid_rows"] == stats["valid_rows"]
     history = build_traces(episodes, TraceConfig(context="history", won_only=False), tmp_path / "history")
     assert history["dagger_skipped"] == 3 and history["kept"] == 0
 
