@@ -102,6 +102,21 @@ def _pull(repo: Path, target: str) -> bool:
     return _has_logs(repo / target)
 
 
+def restore(repo: str | Path, target: str) -> bool:
+    """Bring back the version ``<target>.dvc`` names into ``<target>/``: check it out of the DVC cache, else pull it
+    from the default remote. Returns whether ``<target>/logs`` then holds shards (any ``*.jsonl``)."""
+    from dvc.exceptions import CheckoutError
+    from dvc.repo import Repo
+
+    repo = Path(repo)
+    try:
+        with Repo(str(repo)) as r:
+            r.checkout(targets=[str(repo.resolve() / f"{target}.dvc")])
+    except CheckoutError:
+        _pull(repo, target)
+    return any((repo / target / "logs").glob("*.jsonl"))
+
+
 def _has_logs(data: Path) -> bool:
     return any((data / "logs").glob("shard-*.jsonl"))
 

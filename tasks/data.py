@@ -127,13 +127,21 @@ def dagger_task(policy: str, cfg: PipelineConfig, repo: str, tag: str, num_games
         mlflow.log_params({"dagger.policy": policy, "dagger.tag": tag, "dagger.num_games": num_games,
                            "dagger.game_offset": game_offset, **{f"evaluate.{k}": v for k, v in ev.__dict__.items()}})
         committed = rawlog.dvc_md5(repo, dvc_file=dvc_file.name)
-        if committed and (folder / f"dagger-{tag}.json").exists():
+        if committed and not (folder / f"dagger-{tag}.json").exists() and not datastore.restore(repo, path):
+            raise FileNotFoundError(
+                f"{dvc_file.name} names DAgger logs (md5 {committed}) that neither the DVC cache nor the default "
+                f"remote holds, and a policy's play is not regenerated behind your back: restore them (`dvc pull "
+                f"{path}`), or collect a new version with another --tag")
+        if committed:
             md5 = datastore.dvc_add(repo, path)
             if md5 != committed:
                 raise datastore.DataVersionMismatch(
                     f"{folder} holds DAgger logs with md5 {md5}, not the version {dvc_file.name} names ({committed}): "
                     f"restore it with `dvc checkout {path}`, or use another --tag")
             status, manifest = "present", json.loads((folder / f"dagger-{tag}.json").read_text())
+            if manifest["settings"]["policy"] != policy or manifest["games"] != games:
+                raise ValueError(f"{path}/ holds {manifest['episodes']} episodes of {manifest['settings']['policy']}, "
+                                 f"not {len(games)} of {policy}: use another --tag")
         else:
             manifest = collect_dagger(
                 policy, games, folder, ev, cfg.cost, tag, workers, workspace_cfg=cfg.traces,

@@ -332,6 +332,12 @@ def test_dagger_episodes_of_a_registered_version_train_the_next_one_with_lineage
     again = dagger_flow("models:/evoharness-policy/1", "t", profile="tiny", num_games=2, workers=1,
                         repo=str(pipeline_repo))
     assert again["status"] == "present" and again["md5"] == out["md5"]
+    shutil.rmtree(pipeline_repo / "data-dagger-t")  # a checkout without the folder: restored from the DVC cache
+    restored = dagger_flow("models:/evoharness-policy/1", "t", profile="tiny", num_games=2, workers=1,
+                           repo=str(pipeline_repo))
+    assert restored["status"] == "present" and restored["md5"] == out["md5"]
+    with pytest.raises(ValueError, match="use another --tag"):
+        dagger_flow("models:/evoharness-policy/1", "t", profile="tiny", num_games=3, workers=1, repo=str(pipeline_repo))
     profile = tmp_path / "tiny-dagger.yaml"
     profile.write_text("extends: tiny\nmodel:\n  path: models:/evoharness-policy/1\nsft:\n  max_steps: 1\n"
                        "traces:\n  context: turn\ningest:\n  dagger: [data-dagger-t]\n"
