@@ -56,7 +56,7 @@ start)
   echo $! > "$state/worker.pid"
   echo "$PREFECT_API_URL" > "$state/api_url"
   echo "Prefect server $PREFECT_API_URL (pid $(cat "$state/server.pid")), worker pid $(cat "$state/worker.pid")"
-  echo "deployments: evoharness-pipeline/weekly, evoharness-collect/collect, evoharness-evaluate/evaluate"
+  echo "deployments: evoharness-pipeline/weekly, evoharness-collect/collect, evoharness-evaluate/evaluate, evoharness-dagger/dagger"
   echo "run one:  PREFECT_API_URL=$PREFECT_API_URL $PREFECT deployment run evoharness-pipeline/weekly --watch"
   ;;
 stop)

@@ -257,7 +257,8 @@ def test_deployment_on_a_real_prefect_server_and_worker(first_run, pipeline_repo
         assert start.returncode == 0, start.stderr + (state / "deploy.log").read_text()
         pids = [int((state / f).read_text()) for f in ("server.pid", "worker.pid")]
         ls = subprocess.run([prefect, "deployment", "ls"], env=api, capture_output=True, text=True, timeout=120)
-        assert "evoharness-pipeline/weekly" in ls.stdout and "evoharness-collect/collect" in ls.stdout
+        assert all(d in ls.stdout for d in ("evoharness-pipeline/weekly", "evoharness-collect/collect",
+                                            "evoharness-evaluate/evaluate", "evoharness-dagger/dagger"))
         versions = []
         for _ in range(2):
             run = subprocess.run(
