@@ -131,6 +131,8 @@ def audit(model_uri: str, repo: str | Path, out=print) -> dict:
     out(f"data       rev {tags.get('data_rev')} -> git {rev}, DVC md5 {tags.get('dvc_md5')}: resolves, md5 matches")
     for path, size in shards:
         out(f"raw logs   {path}  {size} bytes")
+    for key in sorted(k for k in tags if k.startswith("dagger_policy.")):
+        out(f"dagger     {key.split('.', 1)[1]}/ holds episodes {tags[key]} played, labelled by the expert")
     evals = [e for e in tags.get("evaluation_run_ids", "").split(",") if e]
     out(f"evaluated  {evals or 'never'}")
     found = {"name": name, "version": version, "rev": rev, "shards": shards, "evaluations": evals}

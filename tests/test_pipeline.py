@@ -354,3 +354,4 @@ def test_dagger_episodes_of_a_registered_version_train_the_next_one_with_lineage
     ok = run_lineage(pipeline_repo, run["model_uri"])
     assert ok.returncode == 0, ok.stderr
     assert "data-dagger-t/logs/dagger-t-00000.jsonl" in ok.stdout and "lineage check passed" in ok.stdout
+    assert "data-dagger-t/ holds episodes models:/evoharness-policy/1 played" in ok.stdout
