@@ -20,6 +20,7 @@ A killed collection resumes: finished episodes wait in ``<out_dir>/dagger-<tag>.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import multiprocessing as mp
 import shutil
@@ -148,15 +149,22 @@ def collect_dagger(policy: str, games: list[str], out_dir: str | Path, cfg: Eval
     ``cfg``: step/meta-action budgets and decoding, as in evaluation (greedy). ``tag`` names the shards and the
     episode ids. Resumes from ``<out_dir>/dagger-<tag>.partial/`` when a collection with the same policy and
     settings was killed; raises ValueError when that folder holds another policy's or other settings' episodes.
+    A finished collection with the same settings (its manifest present, no partial folder) is returned as it is.
     ``progress`` gets one line per episode with the rate and ETA. Returns the manifest: episodes, won, steps,
     labelled steps, policy/expert agreement, wall seconds, and the settings.
     """
     out = Path(out_dir)
     partial = out / f"dagger-{tag}.partial"
-    partial.mkdir(parents=True, exist_ok=True)
     settings = {"policy": policy, "tag": tag, "evaluate": dataclasses.asdict(cfg), "cost": dataclasses.asdict(cost),
-                "workspace": dataclasses.asdict(workspace_cfg) if workspace_cfg else None}
+                "workspace": dataclasses.asdict(workspace_cfg) if workspace_cfg else None,
+                "games_sha256": hashlib.sha256(json.dumps(games).encode()).hexdigest()}
     settings = json.loads(json.dumps(settings))
+    done_manifest = out / f"dagger-{tag}.json"
+    if done_manifest.exists() and not partial.exists():  # finished before (e.g. killed before `dvc add`)
+        manifest = json.loads(done_manifest.read_text())
+        if manifest["settings"] == settings:
+            return manifest | {"wall_s": 0.0, "resumed": len(games)}
+    partial.mkdir(parents=True, exist_ok=True)
     ident = partial / "settings.json"
     if ident.exists() and json.loads(ident.read_text()) != settings and any(partial.glob("*.json.done")):
         raise ValueError(f"{partial} holds episodes of {ident.read_text()}, not of {json.dumps(settings)}: "
@@ -189,6 +197,10 @@ def collect_dagger(policy: str, games: list[str], out_dir: str | Path, cfg: Eval
                              f"won={outcome['won']} steps={outcome['env_steps']} agreement={agree}"
                              f" | {rate:.1f} episodes/min, ETA {(len(todo) - finished) / max(rate, 1e-9):.1f} min")
     saved = [json.loads((partial / name[g]).read_text()) for g in games]
+    for g, s in zip(games, saved):
+        if s["records"] and s["records"][0]["game"] != g:
+            raise ValueError(f"{partial / name[g]} holds an episode of {s['records'][0]['game']}, not {g}: delete "
+                             f"{partial} to start over")
     episodes = [s["records"] for s in saved if s["records"]]
     (out / "logs").mkdir(parents=True, exist_ok=True)
     for old in (out / "logs").glob(f"dagger-{tag}-*.jsonl"):

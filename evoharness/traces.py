@@ -212,13 +212,15 @@ def is_dagger(ep: Episode) -> bool:
 
 def build_traces(episodes: list[Episode], cfg: TraceConfig, out_dir: str | Path,
                  experience_path: str | Path | None = None) -> dict:
-    """Annotate every episode (sorted by episode id) and write ``train.jsonl``/``valid.jsonl`` trace datasets.
+    """Annotate every episode (sorted by episode id, DAgger ones last); write ``train.jsonl``/``valid.jsonl``.
 
     ``history`` context: one row per episode (``messages``, ``tools``). ``turn`` context: one prompt/completion row
     per policy turn; ``messages_mean`` then counts examples per episode and ``chars_mean`` the user message's length.
 
     Episodes with ``error`` or (when ``cfg.won_only``) unwon ones still add their lesson to Experience but are
     left out of the datasets; unwon DAgger episodes (``is_dagger``) are kept: their targets are the expert's.
+    DAgger episodes are annotated after the others, against a copy of the Experience store, so their lessons
+    change neither the expert episodes' examples nor the store written to ``experience_path``.
     The validation split holds whole games (``valid_share`` of them, by hash).
     Returns stats and ``content_hash``: sha256 of both files, so the same episodes give the same hash.
     """
@@ -231,8 +233,13 @@ def build_traces(episodes: list[Episode], cfg: TraceConfig, out_dir: str | Path,
     stats = {"episodes": 0, "kept": 0, "steps": 0, "meta_actions": {}, "context": cfg.context, "harness": cfg.harness}
     lengths: dict[str, list[int]] = {"workspace_tokens": [], "messages": [], "chars": []}
     tools = json.dumps(TOOLS)
-    for ep in sorted(episodes, key=lambda e: e.episode_id):
-        row = teacher.annotate(ep)
+    dagger_teacher = None
+    # DAgger episodes come after every expert one, against a copy of the store: the expert's examples (their recall
+    # results) and the Experience store evaluation starts from are the same with or without them
+    for ep in sorted(episodes, key=lambda e: (is_dagger(e), e.episode_id)):
+        if is_dagger(ep) and dagger_teacher is None:
+            dagger_teacher = Teacher(cfg, teacher.experience.copy_to(":memory:"))
+        row = (dagger_teacher or teacher).annotate(ep)
         stats["episodes"] += 1
         if "error" in ep.records[-1] or (cfg.won_only and not ep.won and not is_dagger(ep)):
             continue

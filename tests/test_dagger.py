@@ -69,9 +69,22 @@ def test_the_expert_as_policy_agrees_with_its_own_labels(tmp_path, tiny_games):
     manifest = collect_dagger("expert", tiny_games[:1], tmp_path / "d", EVAL, CostConfig(), "e", workers=1,
                               progress=None)
     assert manifest["labelled_steps"] > 0 and manifest["agreement"] == 1.0
+    again = collect_dagger("expert", tiny_games[:1], tmp_path / "d", EVAL, CostConfig(), "e", workers=1,
+                           progress=None)  # finished: returned as it is, nothing played
+    assert again["resumed"] == 1 and again["wall_s"] == 0.0 and again["steps"] == manifest["steps"]
 
 
-def test_traces_target_the_expert_labels_and_keep_lost_dagger_episodes(dagger_logs, tmp_path):
+def test_a_killed_collection_resumed_with_other_games_is_refused(tmp_path, tiny_games):
+    def stop(line):
+        raise Stop(line)
+
+    with pytest.raises(Stop):
+        collect_dagger("random", tiny_games[:2], tmp_path / "d", EVAL, CostConfig(), "r", workers=1, progress=stop)
+    with pytest.raises(ValueError, match="use another tag"):
+        collect_dagger("random", tiny_games[1:], tmp_path / "d", EVAL, CostConfig(), "r", workers=1, progress=None)
+
+
+def test_traces_target_the_expert_labels_and_keep_lost_dagger_episodes(dagger_logs, tiny_logs, tmp_path):
     out, _, _ = dagger_logs
     episodes = _episodes(out)
     assert not any(e.won for e in episodes)  # random play: every episode lost, yet kept (targets are the expert's)
@@ -94,6 +107,16 @@ def test_traces_target_the_expert_labels_and_keep_lost_dagger_episodes(dagger_lo
     twice = build_traces(episodes, dataclasses.replace(TURN, dagger_weight=2), tmp_path / "twice")
     assert stats["train_rows"] > 0 and twice["train_rows"] == 2 * stats["train_rows"]
     assert twice["valid_rows"] == stats["valid_rows"]
+    # expert episodes' examples and the Experience store are the same with or without DAgger episodes
+    expert = parse_lines([line for f in sorted((tiny_logs[0] / "logs").glob("*.jsonl"))
+                          for line in f.read_text().splitlines()], "tiny")
+    alone = build_traces(expert, TURN, tmp_path / "alone", experience_path=tmp_path / "alone.db")
+    both = build_traces(expert + episodes, TURN, tmp_path / "both", experience_path=tmp_path / "both.db")
+    rows_of = {name: [line for split in ("train", "valid")
+                      for line in (tmp_path / name / f"{split}.jsonl").read_text().splitlines()
+                      if not json.loads(line)["episode_id"].startswith("dagger-")] for name in ("alone", "both")}
+    assert rows_of["alone"] and rows_of["alone"] == rows_of["both"]
+    assert both["lessons"] == alone["lessons"] and both["dagger_episodes"] == 3
     history = build_traces(episodes, TraceConfig(context="history", won_only=False), tmp_path / "history")
     assert history["dagger_skipped"] == 3 and history["kept"] == 0
 
