@@ -75,7 +75,9 @@ def finish_records(records: list[dict], error: str | None) -> list[dict]:
     if not records:
         return records
     records[-1]["done"] = True
-    if error and error.startswith(("reset failed", "env.step(", "could not load game")):
+    from evoharness.evaluate import environment_failed
+
+    if environment_failed(error):
         records[-1]["error"] = error
     return records
 
@@ -153,6 +155,8 @@ def collect_dagger(policy: str, games: list[str], out_dir: str | Path, cfg: Eval
     ``progress`` gets one line per episode with the rate and ETA. Returns the manifest: episodes, won, steps,
     labelled steps, policy/expert agreement, wall seconds, and the settings.
     """
+    from evoharness.evaluate import environment_failed
+
     out = Path(out_dir)
     partial = out / f"dagger-{tag}.partial"
     settings = {"policy": policy, "tag": tag, "evaluate": dataclasses.asdict(cfg), "cost": dataclasses.asdict(cost),
@@ -219,7 +223,7 @@ def collect_dagger(policy: str, games: list[str], out_dir: str | Path, cfg: Eval
         "labelled_steps": len(labelled),
         "agreement": sum(r["action"] == r["expert_action"] for r in labelled) / max(len(labelled), 1),
         "failed": sorted((g, s["outcome"]["error"]) for g, s in zip(games, saved)
-                         if s["outcome"]["error"] and not s["outcome"]["error"].startswith(("turn budget",))),
+                         if environment_failed(s["outcome"]["error"])),
     }
     (out / f"dagger-{tag}.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     shutil.rmtree(partial)
