@@ -49,6 +49,7 @@ def test_expert_failure_is_recorded_not_raised(tmp_path):
     (lambda r: r.update(step="3"), "field 'step' is str, expected int"),
     (lambda r: r.update(done=1), "field 'done' is int, expected bool"),
     (lambda r: r.update(action=None), "field 'action' is null at step 1"),
+    (lambda r: r.update(expert_action=["go to desk 1"]), "field 'expert_action' is list, expected str"),
 ])
 def test_validation_names_file_line_and_field(tiny_logs, mutate, message):
     out, _ = tiny_logs

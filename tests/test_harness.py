@@ -1,4 +1,5 @@
 import multiprocessing
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -140,6 +141,11 @@ def test_profiles_resolve_and_bad_ones_name_the_problem(tmp_path):
     cfg = load_profile("default", {"evaluate": {"limit": 3}})
     assert cfg.evaluate.limit == 3 and cfg.sft.num_processes == 2 and cfg.collect.num_games == 60
     assert load_profile("tiny").grpo.num_generations == 2
+    shipped = {p.stem: load_profile(p.stem) for p in sorted((Path(__file__).parents[1] / "profiles").glob("*.yaml"))}
+    assert {"default", "tiny", "full", "full-plain", "full-plain-3500", "paper"} <= set(shipped)
+    plain = shipped["full-plain-3500"]   # (c) like-for-like with (d): same steps, batch and tokenizer rule as full-3500
+    assert (plain.traces.harness, plain.sft.max_steps, plain.sft.num_processes * plain.sft.per_device_train_batch_size,
+            plain.registered_model_name) == (False, 3500, 32, "evoharness-plain-full")
     with pytest.raises(FileNotFoundError, match="available: .*default"):
         load_profile("nope")
     cases = {"evaluate:\n": None, "collect: 5\n": "section 'collect' must be a mapping",
