@@ -30,6 +30,7 @@ from pathlib import Path
 
 from evoharness.alfworld_env import ALFWorldEnv, task_type_of
 from evoharness.config import CostConfig, EvalConfig, TraceConfig
+from evoharness.evaluate import environment_failed
 
 
 class LabellingEnv:
@@ -75,8 +76,6 @@ def finish_records(records: list[dict], error: str | None) -> list[dict]:
     if not records:
         return records
     records[-1]["done"] = True
-    from evoharness.evaluate import environment_failed
-
     if environment_failed(error):
         records[-1]["error"] = error
     return records
@@ -155,8 +154,6 @@ def collect_dagger(policy: str, games: list[str], out_dir: str | Path, cfg: Eval
     ``progress`` gets one line per episode with the rate and ETA. Returns the manifest: episodes, won, steps,
     labelled steps, policy/expert agreement, wall seconds, and the settings.
     """
-    from evoharness.evaluate import environment_failed
-
     out = Path(out_dir)
     partial = out / f"dagger-{tag}.partial"
     settings = {"policy": policy, "tag": tag, "evaluate": dataclasses.asdict(cfg), "cost": dataclasses.asdict(cost),
@@ -225,6 +222,6 @@ def collect_dagger(policy: str, games: list[str], out_dir: str | Path, cfg: Eval
         "failed": sorted((g, s["outcome"]["error"]) for g, s in zip(games, saved)
                          if environment_failed(s["outcome"]["error"])),
     }
-    (out / f"dagger-{tag}.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    done_manifest.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     shutil.rmtree(partial)
     return manifest | {"wall_s": time.time() - t0, "resumed": len(games) - len(todo)}
