@@ -1,7 +1,9 @@
 """The policy loop: harness + environment + policy, shared by GRPO rollouts and evaluation.
 
 Each turn the policy calls one tool: ``act`` (an environment command, mapped to the closest admissible command)
-or a meta-action (``track``, ``commit``, ``recall``, ``note``) executed by the ``Workspace``. The episode ends
+or a meta-action (``track``, ``commit``, ``recall``, ``note``) executed by the ``Workspace``. In the
+``parallel_calls`` layout a turn may call meta-actions first, in the same message (``Decision.before``); they run
+in order before the turn's last call. The episode ends
 when ALFWorld reports ``done`` (won, or out of steps), or when the step or meta-action budget runs out; the
 policy then gets one last turn in which only ``note`` is executed. An environment that raises ends the episode
 as failed with the reason recorded.
@@ -20,6 +22,7 @@ from evoharness.context import TurnView
 from evoharness.harness import META_ACTIONS, SYSTEM_PROMPT, TOOLS, Workspace, final_observation, tokens
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
+_BLOCK = re.compile(r"<tool_call>.*?</tool_call>", re.S)  # one block: never runs past its own closing tag
 
 
 @dataclass
@@ -30,6 +33,7 @@ class Decision:
     args: dict
     malformed: bool = False
     text: str = ""
+    before: list[tuple[str, dict]] = field(default_factory=list)  # calls of the same turn ahead of this one, in order
 
 
 def parse_tool_call(text: str) -> tuple[str | None, dict]:
@@ -50,6 +54,17 @@ def parse_tool_call(text: str) -> tuple[str | None, dict]:
         return (name, args) if isinstance(name, str) and isinstance(args, dict) else (None, {})
     except (json.JSONDecodeError, AttributeError):
         return None, {}
+
+
+def parse_tool_calls(text: str) -> list[tuple[str, dict]]:
+    """Every well-formed ``<tool_call>`` block in ``text``, in order, as (name, arguments); ill-formed blocks are
+    skipped (``parse_tool_call`` on each block). A turn in the ``parallel_calls`` layout holds several."""
+    calls = []
+    for m in _BLOCK.finditer(text):
+        name, args = parse_tool_call(m.group(0))
+        if name is not None:
+            calls.append((name, args))
+    return calls
 
 
 def closest_admissible(command: str, admissible: list[str]) -> str:
@@ -169,33 +184,35 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
             break
         malformed += dec.malformed
         workspace.usage.rejected_turns += dec.malformed
-        entry = {"turn": dec.name or "malformed", "args": dec.args, "generated_tokens":
-                 workspace.usage.generated_tokens - tokens_before}
+        turn_tokens = workspace.usage.generated_tokens - tokens_before
+        calls = dec.before + [(dec.name, dec.args)]
         if finished:  # the last turn: only a note is executed
-            if dec.name == "note" and (view is None or view.harness):  # also past the meta-action budget
-                entry["result"], entry["ok"] = workspace.call("note", dec.args, env_steps)
-                workspace.usage.rejected_turns += not entry["ok"]
-                transcript.append(_close(entry, workspace, cost_cfg, cost_before))
-            elif dec.name not in (None, "act"):  # another meta-action or an unknown tool: attempted, not executed
-                workspace.usage.rejected_turns += 1
+            for name, args in calls:
+                if name == "note" and (view is None or view.harness):  # also past the meta-action budget
+                    entry = {"turn": name, "args": args, "generated_tokens": turn_tokens}
+                    entry["result"], entry["ok"] = workspace.call("note", args, env_steps)
+                    workspace.usage.rejected_turns += not entry["ok"]
+                    transcript.append(_close(entry, workspace, cost_cfg, cost_before))
+                    turn_tokens, cost_before = 0, workspace.usage.cost(cost_cfg)
+                elif name not in (None, "act"):  # another meta-action or an unknown tool: attempted, not executed
+                    workspace.usage.rejected_turns += 1
             break
+        for name, args in dec.before:  # parallel_calls: the turn's meta-actions ahead of its last call
+            entry = {"turn": name, "args": args, "generated_tokens": turn_tokens}
+            if name in META_ACTIONS:
+                meta += _meta_call(workspace, view, entry, meta, max_meta_actions, env_steps)
+            else:  # an act ahead of another call, or an unknown tool: only a turn's last call may act
+                malformed += 1
+                _reject(workspace, view, entry, f"error: {name!r} is not a meta-action; act must be a turn's last call")
+            transcript.append(_close(entry, workspace, cost_cfg, cost_before))
+            ws_tokens.append(len(tokens(entry["workspace"])))
+            turn_tokens, cost_before = 0, workspace.usage.cost(cost_cfg)
+        entry = {"turn": dec.name or "malformed", "args": dec.args, "generated_tokens": turn_tokens}
         if dec.name in META_ACTIONS:
-            if meta < max_meta_actions:
-                text, ok = workspace.call(dec.name, dec.args, env_steps)
-                meta += ok  # the budget counts executed calls; invalid ones are bounded by the turn budget
-            else:
-                text, ok = f"error: meta-action budget of {max_meta_actions} spent; act instead", False
-            workspace.usage.rejected_turns += not ok
-            entry.update(result=text, ok=ok)
-            if view is not None:
-                view.record_meta(dec.name, text, ok)
+            meta += _meta_call(workspace, view, entry, meta, max_meta_actions, env_steps)
         elif dec.name not in (None, "act"):
             malformed += 1
-            workspace.usage.rejected_turns += 1
-            text = f"error: unknown tool {dec.name!r}; call act or one of {list(META_ACTIONS)}"
-            entry.update(result=text, ok=False)
-            if view is not None:
-                view.record_error(text)
+            _reject(workspace, view, entry, f"error: unknown tool {dec.name!r}; call act or one of {list(META_ACTIONS)}")
         else:
             command = str(dec.args.get("command", dec.text)) if dec.name == "act" else dec.text
             chosen = closest_admissible(command.strip(), res.admissible_commands)
@@ -218,12 +235,36 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
                     break  # the plain baseline has no closing note turn
         transcript.append(_close(entry, workspace, cost_cfg, cost_before))
         ws_tokens.append(len(tokens(entry["workspace"])))
-        policy.observe(final_observation(text, won) if finished else text)
+        policy.observe(final_observation(entry["result"], won) if finished else entry["result"])
     else:
         if not finished:
             error = error or "turn budget spent"
     workspace.finish(won)
     return _result(env, workspace, cost_cfg, won, env_steps, malformed, remapped, error, ws_tokens, transcript)
+
+
+def _meta_call(workspace: Workspace, view: TurnView | None, entry: dict, executed: int, budget: int, step: int) -> int:
+    """Execute the meta-action ``entry`` names unless ``executed`` has reached ``budget``; record its result in
+    ``entry`` and the view. Returns 1 when it ran (the budget counts executed calls; invalid ones are bounded by the
+    turn budget), else 0."""
+    name, args = entry["turn"], entry["args"]
+    if executed < budget:
+        text, ok = workspace.call(name, args, step)
+    else:
+        text, ok = f"error: meta-action budget of {budget} spent; act instead", False
+    workspace.usage.rejected_turns += not ok
+    entry.update(result=text, ok=ok)
+    if view is not None:
+        view.record_meta(name, text, ok)
+    return int(ok and executed < budget)
+
+
+def _reject(workspace: Workspace, view: TurnView | None, entry: dict, text: str) -> None:
+    """A call that is neither an act nor a meta-action: rejected (it costs a rejected turn), its error recorded."""
+    workspace.usage.rejected_turns += 1
+    entry.update(result=text, ok=False)
+    if view is not None:
+        view.record_error(text)
 
 
 def _close(entry: dict, workspace: Workspace, cost_cfg: CostConfig, cost_before: float) -> dict:

@@ -127,6 +127,10 @@ class TraceConfig:
             notes: ~11 % of labels).
         dagger_weight: ``turn`` context: how many times each DAgger episode's examples appear in the train split
             (``ingest.dagger``; they are a small share of the aggregate, and the states the policy reaches).
+        parallel_calls: ``turn`` context with harness: a turn is the meta-actions the policy calls on what it just
+            saw, then its ``act``, all in one assistant message (several ``<tool_call>`` blocks: Qwen3's parallel
+            tool-call format). One SFT example per environment step instead of one per call, so a step of
+            training covers as many episodes as the plain baseline's. False: one tool call per turn.
     """
 
     won_only: bool = True
@@ -141,6 +145,7 @@ class TraceConfig:
     tools_in_prompt: bool = False
     drop_labels: list[str] = field(default_factory=lambda: ["look", "inventory"])
     dagger_weight: int = 1
+    parallel_calls: bool = False
 
     def __post_init__(self):
         if self.context not in ("history", "turn"):
@@ -149,6 +154,8 @@ class TraceConfig:
             raise ValueError(f"traces.dagger_weight is {self.dagger_weight}; use 1 or more (copies of each example)")
         if not self.harness and self.context != "turn":
             raise ValueError("traces.harness: false (the plain baseline) needs traces.context: turn")
+        if self.parallel_calls and (self.context != "turn" or not self.harness):
+            raise ValueError("traces.parallel_calls: true needs traces.context: turn and traces.harness: true")
 
 
 @dataclass

@@ -104,7 +104,7 @@ def turn_view(cfg) -> TurnView | None:
 
 
 LAYOUT_FIELDS = ("context", "harness", "recent_actions", "system_prompt", "tools_in_prompt", "recall_top_k",
-                 "max_belief_facts", "render_budget_tokens")
+                 "max_belief_facts", "render_budget_tokens", "parallel_calls")
 
 
 def layout_of(cfg) -> dict:

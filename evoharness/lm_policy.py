@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from evoharness.agent import Decision, parse_tool_call
+from evoharness.agent import Decision, parse_tool_call, parse_tool_calls
 
 EMPTY_THINK = "<think>\n\n</think>\n\n"  # what the Qwen3 training template puts before every assistant turn
 ACT_PREFIX = '<tool_call>\n{"name": "act", "arguments": {"command": "'
@@ -145,12 +145,14 @@ class LMPolicy:
         gen, logps = self._generate(ids, [COMMAND_OPEN] if score else None)
         self.generated_tokens += len(gen)
         out = self.tok.decode(gen, skip_special_tokens=False)
-        if score and out.rstrip("\n").endswith(COMMAND_OPEN) and '"act"' in out:
-            return self._score_act(ids, gen, logps, [1] * len(gen), state["admissible_commands"], out)
+        calls = parse_tool_calls(out)  # complete calls; parallel_calls: the meta-actions ahead of the act
+        if score and out.rstrip("\n").endswith(COMMAND_OPEN) and '"act"' in out.rsplit("<tool_call>", 1)[-1]:
+            dec = self._score_act(ids, gen, logps, [1] * len(gen), state["admissible_commands"], out)
+            dec.before = calls
+            return dec
         self._record(ids, gen, logps, [1] * len(gen))
-        name, args = parse_tool_call(out)
-        if name is not None:
-            return Decision(name, args, text=out)
+        if calls:
+            return Decision(*calls[-1], text=out, before=calls[:-1])
         if score:  # malformed: still an admissible act, scored after the canonical act prefix
             dec = self._score_act(ids, prefix, [0.0] * len(prefix), [0] * len(prefix), state["admissible_commands"],
                                   out, record=False)  # the turn recorded is the sampled (malformed) text

@@ -9,6 +9,11 @@ The teacher reads an episode's raw steps and inserts, in the Qwen3 tool-call cha
   does not go back to it;
 - ``note`` at episode end, with a lesson (where the object was found; which command form failed).
 
+In the ``turn`` context each tool call is its own example, or with ``TraceConfig.parallel_calls`` each environment
+step is one: the meta-actions the teacher calls on an observation and the next act, as one assistant message with
+several tool calls, read from the prompt before those meta-actions ran (and the closing note alone). The calls and
+their order are the same in both layouts.
+
 DAgger episodes (``evoharness.dagger``: the policy acted, the expert labelled each state) give ``turn`` examples
 whose act targets are the expert's commands, with the policy's own commands as history.
 
@@ -34,8 +39,14 @@ _EFFECTS = {"clean": "clean", "heat": "hot", "cool": "cool"}
 
 def tool_call_message(name: str, args: dict) -> dict:
     """An assistant message with one tool call; arguments as a JSON string (Arrow would merge dicts)."""
+    return tool_calls_message([(name, args)])
+
+
+def tool_calls_message(calls: list[tuple[str, dict]]) -> dict:
+    """An assistant message with the tool calls ``[(name, args), ...]`` in order (Qwen3's chat template renders each
+    as its own ``<tool_call>`` block); arguments as JSON strings."""
     return {"role": "assistant", "content": "",
-            "tool_calls": [{"type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]}
+            "tool_calls": [{"type": "function", "function": {"name": n, "arguments": json.dumps(a)}} for n, a in calls]}
 
 
 def subgoal_plan(game: str) -> list[tuple[str, str, str]]:
@@ -103,15 +114,28 @@ class Teacher:
         view = TurnView(ep.task, cfg.harness, cfg.recent_actions, cfg.system_prompt)
         view.start(ep.records[0]["observation"])
         turns: list[dict] = []
+        # parallel_calls: the meta-actions called since the last command, and the prompt their turn was read from
+        pending: list[tuple[str, dict]] = []
+        turn_prompt = view.prompt(ws.render())
 
         def example(call: dict) -> None:
             turns.append({"prompt": view.prompt(ws.render()), "completion": [call]})
+
+        def turn(act: tuple[str, dict] | None) -> None:
+            """parallel_calls: one example of the pending meta-actions then ``act`` (if any), from ``turn_prompt``."""
+            calls = pending + ([act] if act else [])
+            if calls:
+                turns.append({"prompt": turn_prompt, "completion": [tool_calls_message(calls)]})
+            pending.clear()
 
         def meta(name: str, args: dict, step: int) -> None:
             if not cfg.harness:  # the plain baseline: no meta-action anywhere, nothing in Experience
                 return
             call = tool_call_message(name, args)
-            example(call)
+            if cfg.parallel_calls:
+                pending.append((name, args))
+            else:
+                example(call)
             result, ok = ws.call(name, args, step)
             msgs.extend([call, {"role": "tool", "content": result}])
             view.record_meta(name, result, ok)
@@ -138,17 +162,23 @@ class Teacher:
             obs, step = rec["observation"], rec["step"]
             call = tool_call_message("act", {"command": rec["action"]})
             source = rec.get("action_source")
+            target = None  # the act this state's example teaches, if any
             if source == "policy":  # DAgger: the target is the expert's command in this state, not the policy's
                 label = rec.get("expert_action")
                 if label and label not in cfg.drop_labels and label in admissible:
-                    example(tool_call_message("act", {"command": label}))
+                    target = label
             elif source not in ("random", "invalid") and not (source == "expert" and rec["action"] in cfg.drop_labels):
-                example(call)
+                target = rec["action"]
+            if cfg.parallel_calls:  # the pending meta-actions stay a target even when the command is not
+                turn(("act", {"command": target}) if target else None)
+            elif target:
+                example(tool_call_message("act", {"command": target}))
             admissible = rec["admissible_commands"]
             ws.observe(step, obs)
             shown = final_observation(obs, rec["won"]) if rec["done"] else obs
             msgs.extend([call, {"role": "tool", "content": shown}])
             view.record_act(rec["action"], shown)
+            turn_prompt = view.prompt(ws.render())
             if rec["done"]:
                 break
             failures = failures + 1 if obs == NOTHING else 0
@@ -181,6 +211,8 @@ class Teacher:
                 next_goal += 1
         lesson = self.lesson(ep, obj, found_at) if obj else self.generic_lesson(ep)
         meta("note", {"lesson": lesson, "tags": [ep.task_type] + ([obj] if obj else [])}, len(ep.records))
+        if cfg.parallel_calls:
+            turn(None)  # the closing turn: the note alone
         return {"messages": msgs, "tools": json.dumps(TOOLS), "turns": turns, "episode_id": ep.episode_id,
                 "game": ep.game, "won": ep.won, "meta_actions": dict(ws.usage.calls), "workspace": ws.render()}
 

@@ -353,3 +353,115 @@ def test_a_generation_backend_without_stop_strings_is_cut_like_model_generate(tu
     dec = remap.decide({"turn_messages": prompt, "admissible_commands": admissible})
     assert dec.name == "act" and dec.args["command"] == "go to desk 1"  # the backend's own command, cut at the end
     assert remap.turns[-1]["completion_ids"] == act + rest[:rest.index(remap.end_id) + 1]
+
+
+PARALLEL = dataclasses.replace(TURN, parallel_calls=True)
+
+
+def _turn_calls(row):
+    """Each example's tool calls as [(name, args), ...]."""
+    return [[(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in r["completion"][0]["tool_calls"]]
+            for r in row]
+
+
+def test_parallel_calls_put_a_steps_meta_actions_and_its_act_in_one_example():
+    """`traces.parallel_calls`: one example per environment step (plus the closing note), holding the same calls in
+    the same order as the one-call-per-turn layout, each read from the prompt before the turn's meta-actions ran."""
+    one = Teacher(TURN).annotate(episode())["turns"]
+    par = Teacher(PARALLEL).annotate(episode())["turns"]
+    calls = _turn_calls(par)
+    assert [c for turn in calls for c in turn] == _calls(one)  # the same calls, in the same order
+    acts = sum(n == "act" for n, _ in _calls(one))
+    assert len(par) == acts + 1 == 10 and calls[-1] == [_calls(one)[-1]]  # the closing turn: the note alone
+    assert all(turn[-1][0] == "act" and all(n != "act" for n, _ in turn[:-1]) for turn in calls[:-1])
+    take = next(i for i, turn in enumerate(calls) if turn[-1] == ("act", {"command": "take mug 1 from cabinet 4"}))
+    assert calls[take] == [("track", {"entity": "mug 1", "attribute": "location", "value": "cabinet 4"}),
+                           ("commit", {"id": "find", "status": "done", "depends_on": []}),
+                           ("act", {"command": "take mug 1 from cabinet 4"})]
+    # read before its track and commit ran: nothing about the mug in the workspace yet, and no "Last call" line
+    assert par[take]["prompt"][-1]["content"] == (
+        "Task: put a hot mug in cabinet.\n"
+        "Workspace: empty\n"
+        "Lessons: no lessons yet\n"
+        "Recent: go to cabinet 4 | put mug 1 in cabinet 4 (nothing happened) | open cabinet 4\n"
+        "Observation: You open the cabinet 4. The cabinet 4 is open. In it, you see a mug 1.")
+    assert calls[0][0] == ("recall", {"query": "mug"}) and calls[0][1][0] == "act"
+    with pytest.raises(ValueError, match="parallel_calls: true needs"):
+        TraceConfig(context="turn", harness=False, parallel_calls=True)
+
+
+def test_parallel_calls_keep_meta_actions_whose_command_is_not_a_target():
+    ep = episode()
+    idx = next(i for i, r in enumerate(ep.records) if r["action"] == "take mug 1 from cabinet 4")
+    ep.records[idx]["action_source"] = "random"  # a perturbed step: the command is history, not a target
+    calls = _turn_calls(Teacher(PARALLEL).annotate(ep)["turns"])
+    assert [("track", {"entity": "mug 1", "attribute": "location", "value": "cabinet 4"}),
+            ("commit", {"id": "find", "status": "done", "depends_on": []})] in calls  # a turn without an act
+    assert all(c != ("act", {"command": "take mug 1 from cabinet 4"}) for turn in calls for c in turn)
+
+
+def test_a_turn_with_several_calls_runs_its_meta_actions_before_the_act():
+    """`Decision.before`: the turn's meta-actions execute in order, then its act; an act ahead of another call is
+    rejected, not played."""
+    from evoharness.agent import Decision, parse_tool_calls
+
+    text = ('<tool_call>\n{"name": "track", "arguments": {"entity": "mug 1", "attribute": "location", "value": '
+            '"desk 1"}}\n</tool_call>\n<tool_call>{broken</tool_call>\n<tool_call>\n{"name": "act", "arguments": '
+            '{"command": "look"}}\n</tool_call>')
+    assert parse_tool_calls(text) == [("track", {"entity": "mug 1", "attribute": "location", "value": "desk 1"}),
+                                      ("act", {"command": "look"})]
+    game = list_games("valid_seen", limit=1)[0]
+    env = ALFWorldEnv(game, max_steps=10, expert=False)
+    first = env.reset().admissible_commands[0]
+    env.close()
+
+    class OneTurn:
+        def __init__(self):
+            self.turns = 0
+
+        def start(self, messages, tools):
+            pass
+
+        def decide(self, state):
+            self.turns += 1
+            if self.turns == 1:
+                return Decision("act", {"command": first}, before=[
+                    ("track", {"entity": "mug 1", "attribute": "location", "value": "desk 1"}),
+                    ("act", {"command": "look"}),
+                    ("commit", {"id": "find", "status": "active", "text": "find a mug"})])
+            return Decision("note", {"lesson": "l", "tags": []})
+
+        def observe(self, text):
+            pass
+
+    env = ALFWorldEnv(game, max_steps=10, expert=False)
+    ws = Workspace(ExperienceStore(), "par")
+    res = run_episode(env, OneTurn(), ws, CostConfig(per_generated_token=0.0, per_rejected_turn=0.05),
+                      max_env_steps=1, max_meta_actions=5, view=turn_view(PARALLEL))
+    env.close()
+    assert [(e["turn"], e["ok"]) for e in res.transcript[:3]] == [("track", True), ("act", False), ("commit", True)]
+    assert res.transcript[3]["turn"] == "act" and res.transcript[3]["command"] == first and res.env_steps == 1
+    assert res.meta_actions == {"track": 1, "commit": 1, "recall": 0, "note": 1}
+    assert res.malformed == 1 and res.rejected_turns == 1
+    assert ws.belief[("mug 1", "location")].value == "desk 1"
+
+
+def test_score_decoding_of_a_parallel_turn_returns_its_meta_actions_and_an_admissible_act(turn_model):
+    """A generated turn of two meta-actions then an act's opening: the meta-actions come back in order as
+    ``before``, and the command is scored over the admissible ones (the generation backend stands in for a model
+    trained on parallel turns; the scoring runs on the real model)."""
+    from evoharness.lm_policy import EMPTY_THINK
+
+    model, tok = load_policy(turn_model)
+    text = (EMPTY_THINK + '<tool_call>\n{"name": "track", "arguments": {"entity": "mug 1", "attribute": "location", '
+            '"value": "desk 1"}}\n</tool_call>\n<tool_call>\n{"name": "commit", "arguments": {"id": "find", "status": '
+            '"done"}}\n</tool_call>\n<tool_call>\n{"name": "act", "arguments": {"command": "go to')
+    gen = tok(text, add_special_tokens=False)["input_ids"]
+    policy = LMPolicy(model, tok, max_new_tokens=256, context="turn", decoding="score",
+                      generate_fn=lambda ids, n: (gen, [-0.1] * len(gen)))
+    policy.start([], [])
+    admissible = ["go to cabinet 1", "go to drawer 1"]
+    dec = policy.decide({"turn_messages": [{"role": "user", "content": "Task: x"}], "admissible_commands": admissible})
+    assert dec.name == "act" and dec.args["command"] in admissible and not dec.malformed
+    assert dec.before == [("track", {"entity": "mug 1", "attribute": "location", "value": "desk 1"}),
+                          ("commit", {"id": "find", "status": "done"})]
