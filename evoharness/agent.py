@@ -212,7 +212,8 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
             meta += _meta_call(workspace, view, entry, meta, max_meta_actions, env_steps)
         elif dec.name not in (None, "act"):
             malformed += 1
-            _reject(workspace, view, entry, f"error: unknown tool {dec.name!r}; call act or one of {list(META_ACTIONS)}")
+            _reject(workspace, view, entry,
+                    f"error: unknown tool {dec.name!r}; call act or one of {list(META_ACTIONS)}")
         else:
             command = str(dec.args.get("command", dec.text)) if dec.name == "act" else dec.text
             chosen = closest_admissible(command.strip(), res.admissible_commands)

@@ -5,7 +5,8 @@ right on 90 % of its calls rarely finishes a 20-step episode without a mistake).
     python scripts/next_call_accuracy.py --model runs/sft/<key>/final --traces runs/traces/<key>/valid.jsonl \
         [--limit 400] [--out docs/next-call-accuracy.md]
 
-Greedy generation of the whole call (``model.generate``), parsed with ``evoharness.agent.parse_tool_call``.
+Greedy generation of the whole turn (``model.generate``), parsed with ``evoharness.agent.parse_tool_calls``; in a
+``traces.parallel_calls`` turn each teacher call is compared with the generated call in the same position.
 Prints per tool (``act`` split by the command's verb: go, take, put, open, ...): examples, well-formed share,
 right tool, exact arguments (for ``act``: the exact command). ``--limit`` examples evenly spaced over the file.
 Exits 2 on a history-context file (its examples are whole episodes, not turns).
@@ -23,11 +24,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def expected_call(row: dict) -> tuple[str, dict]:
-    """The teacher's (tool name, arguments) of a turn-context trace row."""
-    call = row["completion"][0]["tool_calls"][0]["function"]
-    args = call["arguments"]
-    return call["name"], json.loads(args) if isinstance(args, str) else args
+def expected_calls(row: dict) -> list[tuple[str, dict]]:
+    """The teacher's calls of a turn-context trace row as [(tool name, arguments), ...]: one, or with
+    ``traces.parallel_calls`` the turn's meta-actions then its act."""
+    calls = []
+    for c in row["completion"][0]["tool_calls"]:
+        args = c["function"]["arguments"]
+        calls.append((c["function"]["name"], json.loads(args) if isinstance(args, str) else args))
+    return calls
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,12 +39,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", required=True, help="model folder (or hub id)")
     p.add_argument("--traces", required=True, help="a turn-context valid.jsonl")
     p.add_argument("--limit", type=int, default=400)
+    p.add_argument("--max-new-tokens", type=int, default=256, help="per turn (a parallel turn holds several calls)")
     p.add_argument("--out", default=None, help="also write the table as Markdown here")
     a = p.parse_args(argv)
 
     import torch
 
-    from evoharness.agent import parse_tool_call
+    from evoharness.agent import parse_tool_calls
     from evoharness.config import TraceConfig
     from evoharness.context import with_layout
     from evoharness.harness import TOOLS
@@ -60,19 +65,22 @@ def main(argv: list[str] | None = None) -> int:
     stats: dict[str, Counter] = {}
     t0 = time.time()
     for i, row in enumerate(rows):
-        name, args = expected_call(row)
+        want = expected_calls(row)
         text = tok.apply_chat_template(row["prompt"], tools=tools, add_generation_prompt=True, tokenize=False)
         ids = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
         with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=64,
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=a.max_new_tokens,
                                  do_sample=False, eos_token_id=end, pad_token_id=tok.pad_token_id)
-        got_name, got_args = parse_tool_call(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=False))
-        key = f"act: {args.get('command', '').split(' ')[0]}" if name == "act" else name  # by verb: go, take, ...
-        s = stats.setdefault(key, Counter())
-        s["examples"] += 1
-        s["well_formed"] += got_name is not None
-        s["right_tool"] += got_name == name
-        s["exact"] += got_name == name and got_args == args
+        got = parse_tool_calls(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=False))
+        # a parallel turn: each teacher call against the generated call in the same position
+        for j, (name, args) in enumerate(want):
+            got_name, got_args = got[j] if j < len(got) else (None, {})
+            key = f"act: {args.get('command', '').split(' ')[0]}" if name == "act" else name  # by verb: go, take...
+            s = stats.setdefault(key, Counter())
+            s["examples"] += 1
+            s["well_formed"] += got_name is not None
+            s["right_tool"] += got_name == name
+            s["exact"] += got_name == name and got_args == args
         if (i + 1) % 100 == 0:
             rate = (i + 1) / (time.time() - t0)
             print(f"[accuracy] {i + 1}/{len(rows)} {rate:.1f} examples/s, ETA {(len(rows) - i - 1) / rate:.0f} s",
