@@ -3,10 +3,9 @@
 Each turn the policy calls one tool: ``act`` (an environment command, mapped to the closest admissible command)
 or a meta-action (``track``, ``commit``, ``recall``, ``note``) executed by the ``Workspace``. In the
 ``parallel_calls`` layout a turn may call meta-actions first, in the same message (``Decision.before``); they run
-in order before the turn's last call. The episode ends
-when ALFWorld reports ``done`` (won, or out of steps), or when the step or meta-action budget runs out; the
-policy then gets one last turn in which only ``note`` is executed. An environment that raises ends the episode
-as failed with the reason recorded.
+in order before the turn's last call. The episode ends when ALFWorld reports ``done`` (won, or out of steps), or
+when the step or meta-action budget runs out; the policy then gets one last turn in which only ``note`` is executed.
+An environment that raises ends the episode as failed with the reason recorded.
 """
 
 from __future__ import annotations
@@ -142,8 +141,9 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
     executed at its type's price, rejected at the rejection price. The closing ``note`` runs even when the budget is
     spent.
 
-    The transcript holds one entry per turn: the tool and arguments, the result, the turn's cost in reward units,
-    and the rendered workspace after it.
+    The transcript holds one entry per call (a turn with ``Decision.before`` gives one per call, the turn's generated
+    tokens on its first): the tool and arguments, the result, the call's cost in reward units, and the rendered
+    workspace after it.
 
     ``view``: the ``turn`` context (``evoharness.context.TurnView``); each turn's prompt is then passed to the policy
     as ``state["turn_messages"]``, and ``state["force_act"]`` is set when the prompt is the previous turn's (a repeated
