@@ -116,7 +116,7 @@ class Teacher:
         turns: list[dict] = []
         # parallel_calls: the meta-actions called since the last command, and the prompt their turn was read from
         pending: list[tuple[str, dict]] = []
-        turn_prompt = view.prompt(ws.render())
+        turn_prompt = view.prompt(ws.render()) if cfg.parallel_calls else None
 
         def example(call: dict) -> None:
             turns.append({"prompt": view.prompt(ws.render()), "completion": [call]})
@@ -178,7 +178,8 @@ class Teacher:
             shown = final_observation(obs, rec["won"]) if rec["done"] else obs
             msgs.extend([call, {"role": "tool", "content": shown}])
             view.record_act(rec["action"], shown)
-            turn_prompt = view.prompt(ws.render())
+            if cfg.parallel_calls:  # the next turn reads this prompt, before the meta-actions below run
+                turn_prompt = view.prompt(ws.render())
             if rec["done"]:
                 break
             failures = failures + 1 if obs == NOTHING else 0
