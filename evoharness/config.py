@@ -294,6 +294,11 @@ class EvalConfig:
     ``decoding`` (language-model policies): how an ``act`` call becomes an admissible command. ``remap``: the
     generated command, or the admissible one closest to it (difflib); ``score``: the admissible command the model
     gives the highest log-likelihood as the call's argument (one batched forward pass over the candidates).
+
+    ``workers``: processes playing the games, each with its own copy of the policy and of the Experience store
+    (``evoharness.eval_workers``). Worker k plays every ``workers``-th game from the k-th, so with ``note``s a
+    lesson one worker writes is not recalled by the other: results depend on ``workers`` (it is part of the
+    settings an evaluation resumes with). 1: one process, the games in order.
     """
 
     split: str = "valid_seen"
@@ -304,8 +309,20 @@ class EvalConfig:
     episode_timeout_s: float = 300.0
     decoding: str = "remap"
     seed: int = 0
+    workers: int = 1
+
+    # fields added after evaluations were recorded, with the value those evaluations had: a setting at this value is
+    # left out of an evaluation's identity, so older folders still resume and older MLflow runs are still reused
+    IMPLICIT = {"workers": 1}
+
+    def identity(self) -> dict:
+        """The settings that make two evaluations comparable (``dataclasses.asdict`` less ``IMPLICIT`` values)."""
+        return {k: v for k, v in dataclasses.asdict(self).items()
+                if not (k in self.IMPLICIT and v == self.IMPLICIT[k])}
 
     def __post_init__(self):
+        if self.workers < 1:
+            raise ValueError(f"evaluate.workers is {self.workers}; use 1 or more processes")
         if self.decoding not in ("remap", "score"):
             raise ValueError(f"evaluate.decoding is {self.decoding!r}; use 'remap' or 'score'")
 

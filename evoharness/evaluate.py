@@ -148,6 +148,15 @@ def _resumable(out: Path, identity: dict, progress) -> dict:
     return rows
 
 
+def evaluation_identity(policy: str, cfg: EvalConfig, cost: CostConfig, workspace_cfg: TraceConfig | None,
+                        identity: str | None = None) -> dict:
+    """What ``evaluation.json`` records: the policy (``identity`` or ``policy``), settings, costs and workspace
+    layout, as they read back from JSON; an evaluation resumes only into a folder with the same."""
+    ident = {"policy": identity or policy, "settings": cfg.identity(), "cost": dataclasses.asdict(cost),
+             "workspace": dataclasses.asdict(workspace_cfg) if workspace_cfg else None}
+    return json.loads(json.dumps(ident))  # tuples become lists
+
+
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
@@ -161,7 +170,8 @@ def evaluate(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig, o
 
     ``experience_path``: an Experience store to start from (copied, so evaluation never changes it).
     An environment that raises ends that episode as failed (``errors`` and ``environment_failures`` in the
-    summary); the run continues.
+    summary); the run continues. ``cfg.workers`` > 1 plays the games in that many processes
+    (``evoharness.eval_workers.evaluate_sharded``), each in a shard folder of its own under ``out_dir``.
 
     Resumes: a folder that already holds episodes of the same policy (``identity``, default ``policy``; pin a
     version, an alias or a retrained folder is the same string) with the same ``cfg``, ``cost`` and
@@ -171,19 +181,41 @@ def evaluate(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig, o
     any notes the interrupted episode wrote; ``forced_acts`` and ``wall_s`` count this session only. Raises
     ValueError when ``out_dir`` holds another policy's or other settings' evaluation.
     """
+    t0 = time.time()
+    if cfg.workers > 1 and len(games) > 1:
+        from evoharness.eval_workers import evaluate_sharded
+
+        results, stats = evaluate_sharded(policy, games, cfg, cost, Path(out_dir), experience_path, data_dir,
+                                          progress, workspace_cfg, identity)
+    else:
+        results, stats = play_games(policy, games, cfg, cost, Path(out_dir), experience_path, data_dir, progress,
+                                    workspace_cfg, identity)
+    split = Path(games[0]).parts[0] if games else cfg.split
+    return summarize(results, split, games_total or len(games)) | stats | {"policy": policy,
+                                                                             "wall_s": time.time() - t0}
+
+
+def play_games(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig, out: Path,
+               experience_path: str | None = None, data_dir: str | None = None, progress=print,
+               workspace_cfg: TraceConfig | None = None, identity: str | None = None,
+               indices: list[int] | None = None, label: str = "evaluate") -> tuple[list, dict]:
+    """One process of ``evaluate``: play ``games`` in order into ``out`` (resuming there, see ``evaluate``).
+
+    ``indices``: each game's position in the whole evaluation (default 0, 1, ...), which seeds its episode
+    (``cfg.seed`` + index) and names its workspace, so a game plays the same in a shard as alone. Returns the
+    ``EpisodeResult`` of each game in ``games`` order and ``{"resumed_episodes", "decoding", "forced_acts",
+    "context"}``."""
     from evoharness.agent import run_episode
 
-    out = Path(out_dir)
+    indices = list(range(len(games))) if indices is None else indices
     out.mkdir(parents=True, exist_ok=True)
-    ident = {"policy": identity or policy, "settings": dataclasses.asdict(cfg), "cost": dataclasses.asdict(cost),
-             "workspace": dataclasses.asdict(workspace_cfg) if workspace_cfg else None}
-    ident = json.loads(json.dumps(ident))  # as it reads back from evaluation.json (tuples become lists)
+    ident = evaluation_identity(policy, cfg, cost, workspace_cfg, identity)
     done = _resumable(out, ident, progress)
     wanted = set(games)
     keep = {g: r for g, r in done.items() if g in wanted and not environment_failed(r.error)}
     if keep and progress:
         replay = sum(g in done and g not in keep for g in games)
-        progress(f"[evaluate] resuming in {out}: {len(keep)} of {len(games)} episodes kept, "
+        progress(f"[{label}] resuming in {out}: {len(keep)} of {len(games)} episodes kept, "
                  f"{len(games) - len(keep)} to play ({replay} of them after an environment failure)")
     if keep and (out / "experience.db").exists():
         store = ExperienceStore(out / "experience.db")  # the notes the kept episodes wrote
@@ -195,9 +227,8 @@ def evaluate(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig, o
     _write_atomic(out / "evaluation.json", json.dumps(ident))  # once the policy has loaded
     wcfg = getattr(pol, "layout", None) or workspace_cfg or TraceConfig()
     results, t0, played = [], time.time(), 0
-    split = Path(games[0]).parts[0] if games else cfg.split
     with (out / "transcripts.jsonl").open("a") as fh:
-        for i, game in enumerate(games):
+        for n, (i, game) in enumerate(zip(indices, games)):
             if game in keep:
                 results.append(keep[game])
                 continue
@@ -221,16 +252,10 @@ def evaluate(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig, o
             rate = played / (time.time() - t0) * 60
             if progress:
                 left = len(games) - len(keep) - played
-                progress(f"[evaluate] {i + 1}/{len(games)} won={sum(r.won for r in results)} "
+                progress(f"[{label}] {n + 1}/{len(games)} won={sum(r.won for r in results)} "
                          f"{rate:.1f} episodes/min, ETA {left / max(rate, 1e-9):.1f} min")
     # one row per game, in game order (rows of games not in ``games`` are kept after them)
     extra = [r for g, r in done.items() if g not in wanted]
     _write_atomic(out / "transcripts.jsonl", "".join(json.dumps(r.__dict__) + "\n" for r in results + extra))
-    summary = summarize(results, split, games_total or len(games))
-    summary["resumed_episodes"] = len(keep)
-    summary["policy"] = policy
-    summary["decoding"] = getattr(pol, "decoding", None)
-    summary["forced_acts"] = getattr(pol, "forced", 0)
-    summary["context"] = wcfg.context
-    summary["wall_s"] = time.time() - t0
-    return summary
+    return results, {"resumed_episodes": len(keep), "decoding": getattr(pol, "decoding", None),
+                     "forced_acts": getattr(pol, "forced", 0), "context": wcfg.context}

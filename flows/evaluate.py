@@ -2,6 +2,7 @@
 
     python -m flows.evaluate --policy MODEL_PATH|models:/NAME@ALIAS|expert|random --split NAME [--limit N]
                              [--summary-json FILE] [--profile NAME] [--decoding remap|score] [--work-dir DIR]
+                             [--workers W]
 
 ``--work-dir DIR`` (default: a new ``runs/<time>-eval-<split>``): the folder above ``evaluate-<split>`` of an
 earlier, interrupted evaluation of the same policy with the same settings resumes there: its finished episodes are
@@ -28,12 +29,14 @@ REPO = str(Path(__file__).resolve().parent.parent)
 @flow(name="evoharness-evaluate", log_prints=True)
 def evaluate_flow(policy: str, split: str = "valid_seen", limit: int = 0, profile: str = "default",
                   summary_json: str | None = None, repo: str = REPO, decoding: str | None = None,
-                  work_dir: str | None = None) -> dict:
+                  work_dir: str | None = None, workers: int | None = None) -> dict:
     """Evaluate ``policy`` on ``split`` (``limit`` games evenly spaced, 0 = all); logs one MLflow run.
     ``decoding`` overrides the profile's ``evaluate.decoding`` (``remap`` or ``score``). ``work_dir``: resume an
-    evaluation there (see the module docstring); raises ValueError when it holds another policy's or settings'."""
+    evaluation there (see the module docstring); raises ValueError when it holds another policy's or settings'.
+    ``workers`` overrides ``evaluate.workers`` (processes, ``evoharness.eval_workers``)."""
     cfg = load_profile(profile)
-    ev_cfg = dataclasses.replace(cfg.evaluate, split=split, limit=limit, decoding=decoding or cfg.evaluate.decoding)
+    ev_cfg = dataclasses.replace(cfg.evaluate, split=split, limit=limit, decoding=decoding or cfg.evaluate.decoding,
+                                 workers=workers or cfg.evaluate.workers)
     configure(repo)
     work = Path(work_dir) if work_dir else Path(repo) / "runs" / time.strftime(f"%Y%m%d-%H%M%S-eval-{split}")
     import mlflow
@@ -59,9 +62,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--decoding", default=None, choices=["remap", "score"],
                    help="how an act call becomes an admissible command (default: the profile's)")
     p.add_argument("--work-dir", default=None, help="resume the evaluation in this folder (default: a new one)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="processes playing the games, each with its own policy copy (default: the profile's)")
     a = p.parse_args(argv)
     return evaluate_flow(a.policy, a.split, a.limit, a.profile, a.summary_json, decoding=a.decoding,
-                         work_dir=a.work_dir)
+                         work_dir=a.work_dir, workers=a.workers)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,47 @@
+"""``evaluate.workers``: the games played in two processes give the rows and summary of one process, in game order;
+a sharded evaluation resumes, and never writes over another evaluation's folder. Real games, the real expert."""
+
+import dataclasses
+import json
+
+import pytest
+
+from evoharness.config import CostConfig, EvalConfig
+from evoharness.evaluate import evaluate
+
+CFG = EvalConfig(split="train", limit=0, max_env_steps=50)
+
+
+def rows(path):
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def test_two_workers_play_what_one_plays_and_resume(tmp_path, tiny_games):
+    one = evaluate("expert", tiny_games, CFG, CostConfig(), tmp_path / "one", progress=None)
+    lines = []
+    two_cfg = dataclasses.replace(CFG, workers=2)
+    two = evaluate("expert", tiny_games, two_cfg, CostConfig(), tmp_path / "two", progress=lines.append)
+    assert rows(tmp_path / "two" / "transcripts.jsonl") == rows(tmp_path / "one" / "transcripts.jsonl")
+    assert [r["game"] for r in rows(tmp_path / "two" / "transcripts.jsonl")] == tiny_games
+    assert one["success_rate"] == two["success_rate"] == 1.0 and two["episodes"] == 3
+    drop = ("wall_s",)
+    assert {k: v for k, v in two.items() if k not in drop} == {k: v for k, v in one.items() if k not in drop}
+    # worker k plays every 2nd game from the k-th, in a folder of its own
+    assert [r["game"] for r in rows(tmp_path / "two" / "shard-0-of-2" / "transcripts.jsonl")] == tiny_games[0::2]
+    assert [r["game"] for r in rows(tmp_path / "two" / "shard-1-of-2" / "transcripts.jsonl")] == tiny_games[1::2]
+    assert any("3 games in 2 processes" in x for x in lines)
+    # a second call keeps every episode
+    again = evaluate("expert", tiny_games, two_cfg, CostConfig(), tmp_path / "two", progress=None)
+    assert again["resumed_episodes"] == 3 and again["success_rate"] == 1.0
+    # the one-process folder is another evaluation (workers is a setting): refused, its rows untouched
+    before = (tmp_path / "one" / "transcripts.jsonl").read_text()
+    with pytest.raises(ValueError, match="holds an evaluation of"):
+        evaluate("expert", tiny_games, two_cfg, CostConfig(), tmp_path / "one", progress=None)
+    assert (tmp_path / "one" / "transcripts.jsonl").read_text() == before
+
+
+def test_one_worker_keeps_the_identity_recorded_before_the_setting_existed():
+    assert "workers" not in CFG.identity()
+    assert dataclasses.replace(CFG, workers=2).identity()["workers"] == 2
+    with pytest.raises(ValueError, match="evaluate.workers"):
+        EvalConfig(workers=0)
