@@ -146,10 +146,10 @@ def test_profiles_resolve_and_bad_ones_name_the_problem(tmp_path):
     plain = shipped["full-plain-3500"]   # (c) like-for-like with (d): same steps, batch and tokenizer rule as full-3500
     assert (plain.traces.harness, plain.sft.max_steps, plain.sft.num_processes * plain.sft.per_device_train_batch_size,
             plain.registered_model_name) == (False, 3500, 32, "evoharness-plain-full")
-    par = shipped["full-parallel"]  # (d) in parallel turns, like-for-like with (c): same games, steps and batch
+    par = shipped["full-parallel"]  # (d) in parallel turns against (c): same games and batch, (c)'s training tokens
     assert (par.traces.harness, par.traces.parallel_calls, par.sft.max_steps,
-            par.sft.num_processes * par.sft.per_device_train_batch_size, par.collect.path) == (
-            True, True, 3500, 32, plain.collect.path)
+            par.sft.num_processes * par.sft.per_device_train_batch_size, par.collect.path, par.evaluate.workers) == (
+            True, True, 1800, 32, plain.collect.path, 2)
     quarter = [shipped[f"quarter-{k}"] for k in ("plain", "harness", "parallel")]  # one data set, one budget
     assert {(q.collect.stride, q.collect.path, q.sft.max_steps, q.evaluate.limit) for q in quarter} == {
         (4, "data-quarter", 1000, 70)}
