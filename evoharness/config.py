@@ -296,9 +296,10 @@ class EvalConfig:
     gives the highest log-likelihood as the call's argument (one batched forward pass over the candidates).
 
     ``workers``: processes playing the games, each with its own copy of the policy and of the Experience store
-    (``evoharness.eval_workers``). Worker k plays every ``workers``-th game from the k-th, so with ``note``s a
-    lesson one worker writes is not recalled by the other: results depend on ``workers`` (it is part of the
-    settings an evaluation resumes with). 1: one process, the games in order.
+    (``evoharness.eval_workers``). Worker k plays every ``workers``-th game from the k-th. A lesson one worker
+    ``note``s is not recalled by the other, and ``random`` draws from one generator per process, so results can
+    depend on ``workers`` (it is part of the settings an evaluation resumes with). 1: one process, the games in
+    order.
     """
 
     split: str = "valid_seen"

@@ -156,7 +156,9 @@ def collect_dagger(policy: str, games: list[str], out_dir: str | Path, cfg: Eval
     """
     out = Path(out_dir)
     partial = out / f"dagger-{tag}.partial"
-    settings = {"policy": policy, "tag": tag, "evaluate": dataclasses.asdict(cfg), "cost": dataclasses.asdict(cost),
+    # its own ``workers`` argument plays the games; ``evaluate.workers`` is not a setting of a DAgger collection
+    settings = {"policy": policy, "tag": tag, "evaluate": dataclasses.replace(cfg, workers=1).identity(),
+                "cost": dataclasses.asdict(cost),
                 "workspace": dataclasses.asdict(workspace_cfg) if workspace_cfg else None,
                 "games_sha256": hashlib.sha256(json.dumps(games).encode()).hexdigest()}
     settings = json.loads(json.dumps(settings))

@@ -171,7 +171,9 @@ def evaluate(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig, o
     ``experience_path``: an Experience store to start from (copied, so evaluation never changes it).
     An environment that raises ends that episode as failed (``errors`` and ``environment_failures`` in the
     summary); the run continues. ``cfg.workers`` > 1 plays the games in that many processes
-    (``evoharness.eval_workers.evaluate_sharded``), each in a shard folder of its own under ``out_dir``.
+    (``evoharness.eval_workers.evaluate_sharded``), each appending to a shard folder of its own under ``out_dir``;
+    ``out_dir/transcripts.jsonl`` is then written once, in game order. ``wall_s``: seconds spent playing, after the
+    policy has loaded (sharded: from the workers' start to the last one's end, their loading included).
 
     Resumes: a folder that already holds episodes of the same policy (``identity``, default ``policy``; pin a
     version, an alias or a retrained folder is the same string) with the same ``cfg``, ``cost`` and
@@ -181,7 +183,6 @@ def evaluate(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig, o
     any notes the interrupted episode wrote; ``forced_acts`` and ``wall_s`` count this session only. Raises
     ValueError when ``out_dir`` holds another policy's or other settings' evaluation.
     """
-    t0 = time.time()
     if cfg.workers > 1 and len(games) > 1:
         from evoharness.eval_workers import evaluate_sharded
 
@@ -191,8 +192,7 @@ def evaluate(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig, o
         results, stats = play_games(policy, games, cfg, cost, Path(out_dir), experience_path, data_dir, progress,
                                     workspace_cfg, identity)
     split = Path(games[0]).parts[0] if games else cfg.split
-    return summarize(results, split, games_total or len(games)) | stats | {"policy": policy,
-                                                                             "wall_s": time.time() - t0}
+    return summarize(results, split, games_total or len(games)) | stats | {"policy": policy}
 
 
 def play_games(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig, out: Path,
@@ -202,9 +202,9 @@ def play_games(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig,
     """One process of ``evaluate``: play ``games`` in order into ``out`` (resuming there, see ``evaluate``).
 
     ``indices``: each game's position in the whole evaluation (default 0, 1, ...), which seeds its episode
-    (``cfg.seed`` + index) and names its workspace, so a game plays the same in a shard as alone. Returns the
-    ``EpisodeResult`` of each game in ``games`` order and ``{"resumed_episodes", "decoding", "forced_acts",
-    "context"}``."""
+    (``cfg.seed`` + index) and names its workspace, as in one process (what a policy recalls, and ``random``'s
+    draws, still depend on the episodes played before it in the same process). Returns the ``EpisodeResult`` of
+    each game in ``games`` order and ``{"resumed_episodes", "decoding", "forced_acts", "context", "wall_s"}``."""
     from evoharness.agent import run_episode
 
     indices = list(range(len(games))) if indices is None else indices
@@ -258,4 +258,4 @@ def play_games(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig,
     extra = [r for g, r in done.items() if g not in wanted]
     _write_atomic(out / "transcripts.jsonl", "".join(json.dumps(r.__dict__) + "\n" for r in results + extra))
     return results, {"resumed_episodes": len(keep), "decoding": getattr(pol, "decoding", None),
-                     "forced_acts": getattr(pol, "forced", 0), "context": wcfg.context}
+                     "forced_acts": getattr(pol, "forced", 0), "context": wcfg.context, "wall_s": time.time() - t0}

@@ -36,7 +36,7 @@ def evaluate_flow(policy: str, split: str = "valid_seen", limit: int = 0, profil
     ``workers`` overrides ``evaluate.workers`` (processes, ``evoharness.eval_workers``)."""
     cfg = load_profile(profile)
     ev_cfg = dataclasses.replace(cfg.evaluate, split=split, limit=limit, decoding=decoding or cfg.evaluate.decoding,
-                                 workers=workers or cfg.evaluate.workers)
+                                 workers=cfg.evaluate.workers if workers is None else workers)
     configure(repo)
     work = Path(work_dir) if work_dir else Path(repo) / "runs" / time.strftime(f"%Y%m%d-%H%M%S-eval-{split}")
     import mlflow

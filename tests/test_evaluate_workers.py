@@ -30,9 +30,21 @@ def test_two_workers_play_what_one_plays_and_resume(tmp_path, tiny_games):
     assert [r["game"] for r in rows(tmp_path / "two" / "shard-0-of-2" / "transcripts.jsonl")] == tiny_games[0::2]
     assert [r["game"] for r in rows(tmp_path / "two" / "shard-1-of-2" / "transcripts.jsonl")] == tiny_games[1::2]
     assert any("3 games in 2 processes" in x for x in lines)
-    # a second call keeps every episode
+    # more workers than games: one process per game
+    three = evaluate("expert", tiny_games[:2], dataclasses.replace(CFG, workers=4), CostConfig(), tmp_path / "few",
+                     progress=None)
+    assert three["episodes"] == 2 and sorted(p.name for p in (tmp_path / "few").glob("shard-*")) == [
+        "shard-0-of-2", "shard-1-of-2"]
+    # a second call keeps every episode; so does one after a kill that left a shard with half a line
     again = evaluate("expert", tiny_games, two_cfg, CostConfig(), tmp_path / "two", progress=None)
     assert again["resumed_episodes"] == 3 and again["success_rate"] == 1.0
+    shard0 = tmp_path / "two" / "shard-0-of-2" / "transcripts.jsonl"
+    first_row = shard0.read_text().splitlines()[0]
+    shard0.write_text(first_row + "\n" + first_row[:40])
+    (tmp_path / "two" / "transcripts.jsonl").unlink()
+    resumed = evaluate("expert", tiny_games, two_cfg, CostConfig(), tmp_path / "two", progress=None)
+    assert resumed["resumed_episodes"] == 2 and resumed["episodes"] == 3
+    assert rows(tmp_path / "two" / "transcripts.jsonl") == rows(tmp_path / "one" / "transcripts.jsonl")
     # the one-process folder is another evaluation (workers is a setting): refused, its rows untouched
     before = (tmp_path / "one" / "transcripts.jsonl").read_text()
     with pytest.raises(ValueError, match="holds an evaluation of"):
