@@ -11,6 +11,7 @@ those can differ from a one-process evaluation; the expert's episodes do not (``
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import multiprocessing as mp
 import os
@@ -19,10 +20,6 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from evoharness.config import CostConfig, EvalConfig, TraceConfig
-
-
-def _say(line: str) -> None:
-    print(line, flush=True)
 
 
 def _shard(args: tuple) -> tuple[list[dict], dict]:
@@ -35,7 +32,7 @@ def _shard(args: tuple) -> tuple[list[dict], dict]:
 
     torch.set_num_threads(threads)  # the workers share the cores
     results, stats = play_games(policy, games, EvalConfig(**cfg_dict), CostConfig(**cost_dict), Path(out),
-                                experience_path, data_dir, None if quiet else _say,
+                                experience_path, data_dir, None if quiet else functools.partial(print, flush=True),
                                 TraceConfig(**workspace_dict) if workspace_dict else None, identity, indices, label)
     return [r.__dict__ for r in results], stats
 
@@ -67,11 +64,11 @@ def evaluate_sharded(policy: str, games: list[str], cfg: EvalConfig, cost: CostC
     out.mkdir(parents=True, exist_ok=True)
     ident = evaluation_identity(policy, cfg, cost, workspace_cfg, identity)
     _resumable(out, ident, None)  # raises before anything is written over another evaluation's rows
-    local = policy if policy in ("expert", "random") else resolve_model_path(policy, out / "model_cache")
+    local = resolve_model_path(policy, out / "model_cache")  # names and folders pass through
     threads = max(1, _cores() // workers)
+    shard_indices = [list(range(k, len(games), workers)) for k in range(workers)]
     jobs = []
-    for k in range(workers):
-        idx = list(range(k, len(games), workers))
+    for k, idx in enumerate(shard_indices):
         jobs.append((local, [games[i] for i in idx], idx, dataclasses.asdict(cfg), dataclasses.asdict(cost),
                      str(out / f"shard-{k}-of-{workers}"), experience_path, data_dir,
                      dataclasses.asdict(workspace_cfg) if workspace_cfg else None, identity or policy,
@@ -82,13 +79,11 @@ def evaluate_sharded(policy: str, games: list[str], cfg: EvalConfig, cost: CostC
     with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
         shards = list(pool.map(_shard, jobs))
     results: list = [None] * len(games)
-    stats = {"resumed_episodes": 0, "forced_acts": 0}
-    for (rows, st), job in zip(shards, jobs):
-        for i, row in zip(job[2], rows):  # by position: a game listed twice keeps both episodes
+    for (rows, _), idx in zip(shards, shard_indices):
+        for i, row in zip(idx, rows):  # by position: a game listed twice keeps both episodes
             results[i] = EpisodeResult(**row)
-        stats = {**st, "resumed_episodes": stats["resumed_episodes"] + st["resumed_episodes"],
-                 "forced_acts": stats["forced_acts"] + st["forced_acts"]}
-    stats["wall_s"] = time.time() - t0
+    stats = {**shards[-1][1], "wall_s": time.time() - t0,  # decoding and context: the same in every shard
+             **{k: sum(st[k] for _, st in shards) for k in ("resumed_episodes", "forced_acts")}}
     _write_atomic(out / "evaluation.json", json.dumps(ident))  # first: rows without it would be refused
     _write_atomic(out / "transcripts.jsonl", "".join(json.dumps(r.__dict__) + "\n" for r in results))
     return results, stats
