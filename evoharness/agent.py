@@ -33,6 +33,7 @@ class Decision:
     malformed: bool = False
     text: str = ""
     before: list[tuple[str, dict]] = field(default_factory=list)  # calls of the same turn ahead of this one, in order
+    appended: bool = False  # an act the decoder added after a generated turn of meta-actions only (act_each_turn)
 
 
 def parse_tool_call(text: str) -> tuple[str | None, dict]:
@@ -172,7 +173,8 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
         state = {"admissible_commands": res.admissible_commands, "expert_action": res.expert_action,
                  "turn_messages": prompt,
                  # a turn that left the prompt as it was would be answered the same way again: act instead
-                 "force_act": prompt is not None and prompt == previous_prompt and not finished}
+                 "force_act": prompt is not None and prompt == previous_prompt and not finished,
+                 "closing": finished}  # the last turn: only a note runs
         previous_prompt = prompt
         cost_before = workspace.usage.cost(cost_cfg)
         tokens_before = getattr(policy, "generated_tokens", 0)
@@ -227,6 +229,8 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
             text, won = res.observation, res.won
             workspace.observe(env_steps, text)
             entry.update(turn="act", command=chosen, generated=command, result=text, won=won)
+            if dec.appended:
+                entry["appended"] = True
             finished = res.done or env_steps >= max_env_steps
             if view is not None:
                 view.record_act(chosen, final_observation(text, won) if finished else text)

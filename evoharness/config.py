@@ -295,6 +295,11 @@ class EvalConfig:
     generated command, or the admissible one closest to it (difflib); ``score``: the admissible command the model
     gives the highest log-likelihood as the call's argument (one batched forward pass over the candidates).
 
+    ``act_each_turn``: ``score`` decoding of a model trained on ``parallel_calls`` turns: a turn that generated
+    meta-actions but no act gets its act scored after them (``evoharness.lm_policy.LMPolicy``), so every turn but the
+    closing ``note`` is an environment step, as in every teacher turn whose command was a target. No effect on other
+    layouts. False: such a turn runs its meta-actions only (evaluations recorded before 2026-12-01).
+
     ``workers``: processes playing the games, each with its own copy of the policy and of the Experience store
     (``evoharness.eval_workers``). Worker k plays every ``workers``-th game from the k-th. A lesson one worker
     ``note``s is not recalled by the other, and ``random`` draws from one generator per process, so results can
@@ -311,10 +316,11 @@ class EvalConfig:
     decoding: str = "remap"
     seed: int = 0
     workers: int = 1
+    act_each_turn: bool = True
 
     # fields added after evaluations were recorded, with the value those evaluations had: a setting at this value is
     # left out of an evaluation's identity, so older folders still resume and older MLflow runs are still reused
-    IMPLICIT = {"workers": 1}
+    IMPLICIT = {"workers": 1, "act_each_turn": False}
 
     def identity(self) -> dict:
         """The settings that make two evaluations comparable (``dataclasses.asdict`` less ``IMPLICIT`` values)."""

@@ -56,7 +56,8 @@ def make_policy(policy: str, cfg: EvalConfig, cache_dir: str | Path, workspace_c
     wcfg = with_layout(workspace_cfg or TraceConfig(), model.config)
     pol = LMPolicy(model, tokenizer, cfg.max_new_tokens, temperature=0.0, context=wcfg.context,
                    decoding=cfg.decoding if wcfg.context == "turn" else "remap",
-                   tools=TOOLS if wcfg.tools_in_prompt else None)
+                   tools=TOOLS if wcfg.tools_in_prompt else None,
+                   act_each_turn=cfg.act_each_turn and wcfg.parallel_calls)
     pol.layout = wcfg  # the workspace and prompt layout this model reads (from its config when recorded)
     return pol
 
@@ -94,6 +95,7 @@ def summarize(results, split: str, games_total: int) -> dict:
         "malformed_per_episode": sum(r.malformed for r in results) / n,
         "rejected_turns_per_episode": sum(r.rejected_turns for r in results) / n,
         "remapped_per_episode": sum(r.remapped for r in results) / n,
+        "appended_acts_per_episode": sum(sum(1 for t in r.transcript if t.get("appended")) for r in results) / n,
         "mean_reward": sum(r.reward for r in results) / n,
         "errors": [f"{r.game}: {r.error}" for r in results if r.error],
         "environment_failures": sum(environment_failed(r.error) for r in results),

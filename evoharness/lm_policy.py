@@ -35,6 +35,14 @@ class LMPolicy:
             scored as an ``act`` call too. Every executed command is then admissible by construction.
         tools: the tool schemas rendered into a ``turn`` prompt (None: left out, ``TraceConfig.tools_in_prompt``).
         chunk: candidates scored per forward pass.
+        act_each_turn: ``score`` decoding in the ``parallel_calls`` layout, where every turn but the closing ``note``
+            ends with its ``act`` (a training turn without one is a state whose command was not a target, e.g. a
+            perturbed random step). When the generated turn holds complete meta-action calls but no act (it closed
+            with ``<|im_end|>``, ran out of ``max_new_tokens``, or its last block was ill-formed), the act is scored
+            right after its last complete call, so the turn still moves the episode. Off, such a turn is
+            meta-actions only, and a policy that answers a prompt with meta-actions alone can replay them until the
+            meta-action budget is spent without a step (``full-parallel``: 23 of 140 ``valid_seen`` episodes). The
+            turn on which ``state["closing"]`` is set (the episode's last, only ``note`` runs) is left as generated.
         generate_fn: another generation backend, ``(prompt ids, max_new_tokens) -> (generated ids, their
             log-probabilities)`` for one sampled turn, e.g. TRL's vLLM engine during GRPO
             (``evoharness.rollouts.vllm_generate_fn``). It need not stop at ``<|im_end|>`` or at the command opening
@@ -47,7 +55,7 @@ class LMPolicy:
 
     def __init__(self, model, tokenizer, max_new_tokens: int = 48, temperature: float = 0.0,
                  max_context: int | None = None, context: str = "history", decoding: str = "remap",
-                 tools: list[dict] | None = None, chunk: int = 16, generate_fn=None):
+                 tools: list[dict] | None = None, chunk: int = 16, generate_fn=None, act_each_turn: bool = False):
         if decoding == "score" and context != "turn":
             raise ValueError("decoding 'score' needs the turn context (traces.context: turn)")
         self.model, self.tok = model, tokenizer
@@ -57,8 +65,10 @@ class LMPolicy:
         self.end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.context, self.decoding, self.tools, self.chunk = context, decoding, tools, chunk
         self.generate_fn = generate_fn
+        self.act_each_turn = act_each_turn
         self.scored = 0
         self.forced = 0
+        self.appended = 0  # act_each_turn: acts scored after a generated turn of meta-actions only
         # the canonical opening of an act call up to its command string: forced and malformed turns are scored after it
         self.act_prefix_ids = tokenizer(EMPTY_THINK + ACT_PREFIX, add_special_tokens=False)["input_ids"]
 
@@ -150,6 +160,8 @@ class LMPolicy:
             dec = self._score_act(ids, gen, logps, [1] * len(gen), state["admissible_commands"], out)
             dec.before = calls
             return dec
+        if score and calls and self.act_each_turn and not state.get("closing"):
+            return self._append_act(ids, gen, logps, out, calls, state["admissible_commands"])
         self._record(ids, gen, logps, [1] * len(gen))
         if calls:
             return Decision(*calls[-1], text=out, before=calls[:-1])
@@ -160,6 +172,24 @@ class LMPolicy:
             return dec
         stripped = out.replace("<|im_end|>", "").split("</think>")[-1].strip()
         return Decision(None, {}, malformed=True, text=stripped)
+
+    def _append_act(self, ids: list[int], gen: list[int], logps: list[float], out: str, calls: list[tuple[str, dict]],
+                    admissible: list[str]) -> Decision:
+        """``act_each_turn``: the turn ``gen`` (decoded ``out``) kept up to its last complete ``</tool_call>``, then
+        an ``act`` call opened as the chat template separates parallel calls (``"\n"`` + ``ACT_PREFIX``), its
+        command scored over ``admissible``. The generated tokens kept are recorded as sampled, the opening as
+        forced (``env_mask`` 0). Returns the act with ``calls`` (every complete call) ahead of it in ``before``."""
+        end = out.rfind("</tool_call>") + len("</tool_call>")
+        keep = next(k for k in range(1, len(gen) + 1)
+                    if len(self.tok.decode(gen[:k], skip_special_tokens=False)) >= end)
+        opening = self.tok("\n" + ACT_PREFIX, add_special_tokens=False)["input_ids"]
+        head = gen[:keep] + opening
+        dec = self._score_act(ids, head, logps[:keep] + [0.0] * len(opening), [1] * keep + [0] * len(opening),
+                              admissible, self.tok.decode(gen[:keep], skip_special_tokens=False) + "\n" + ACT_PREFIX)
+        dec.before = calls
+        dec.appended = True
+        self.appended += 1
+        return dec
 
     def _record(self, prompt_ids: list[int], completion_ids: list[int], logprobs: list[float],
                 mask: list[int]) -> None:

@@ -465,3 +465,87 @@ def test_score_decoding_of_a_parallel_turn_returns_its_meta_actions_and_an_admis
     assert dec.name == "act" and dec.args["command"] in admissible and not dec.malformed
     assert dec.before == [("track", {"entity": "mug 1", "attribute": "location", "value": "desk 1"}),
                           ("commit", {"id": "find", "status": "done"})]
+
+
+def _meta_only_backend(tok):
+    """A generation backend that answers every turn with one track call and <|im_end|>: no act (a model trained on
+    parallel turns does this where its teacher's command was not a target, e.g. after a perturbed random step)."""
+    from evoharness.lm_policy import EMPTY_THINK
+
+    text = (EMPTY_THINK + '<tool_call>\n{"name": "track", "arguments": {"entity": "mug 1", "attribute": "location", '
+            '"value": "desk 1"}}\n</tool_call><|im_end|>')
+    gen = tok(text, add_special_tokens=False)["input_ids"]
+    return gen, (lambda ids, n: (gen, [-0.1] * len(gen)))
+
+
+def test_act_each_turn_scores_an_act_after_a_turn_of_meta_actions_only(turn_model):
+    """`act_each_turn`: the generated track stays in `before`, an admissible act is scored right after its
+    `</tool_call>` (opened as the chat template separates parallel calls), and the recorded turn marks that opening
+    as not sampled. On the closing turn, and with the option off, the turn is the meta-action alone."""
+    from evoharness.lm_policy import ACT_PREFIX
+
+    model, tok = load_policy(turn_model)
+    gen, backend = _meta_only_backend(tok)
+    track = ("track", {"entity": "mug 1", "attribute": "location", "value": "desk 1"})
+    state = {"turn_messages": [{"role": "user", "content": "Task: x"}],
+             "admissible_commands": ["go to cabinet 1", "go to drawer 1"]}
+    policy = LMPolicy(model, tok, max_new_tokens=256, context="turn", decoding="score", generate_fn=backend,
+                      act_each_turn=True)
+    policy.start([], [])
+    dec = policy.decide(state)
+    assert dec.name == "act" and dec.args["command"] in state["admissible_commands"] and dec.before == [track]
+    assert dec.appended and not dec.malformed and policy.appended == 1
+    turn = policy.turns[-1]
+    kept = gen[:gen.index(policy.end_id)]  # the generated call, up to and without <|im_end|>
+    opening = tok("\n" + ACT_PREFIX, add_special_tokens=False)["input_ids"]
+    assert turn["completion_ids"][:len(kept) + len(opening)] == kept + opening
+    assert turn["env_mask"][:len(kept) + len(opening)] == [1] * len(kept) + [0] * len(opening)
+    assert tok.decode(turn["completion_ids"][len(kept) + len(opening):]).startswith(dec.args["command"] + '"}}')
+    assert policy.decide(state | {"closing": True}).name == "track"  # the closing turn: as generated
+    off = LMPolicy(model, tok, max_new_tokens=256, context="turn", decoding="score", generate_fn=backend)
+    off.start([], [])
+    dec = off.decide(state)
+    assert (dec.name, dec.args, dec.before, dec.appended) == (*track, [], False)
+
+
+def test_act_each_turn_keeps_an_episode_stepping_where_meta_only_turns_stall(turn_model):
+    """On a real game, a policy that only ever generates a track, 4 steps and 3 meta-actions allowed (9 turns): with
+    `act_each_turn` each turn runs its track and then an admissible act (marked `appended` in the transcript), so
+    all 4 steps are played. Without it the turns are tracks alone, an act comes only when a repeated turn left the
+    prompt unchanged (`force_act`), and the turn budget is spent after 2 steps, 4 of its 7 tracks refused."""
+    model, tok = load_policy(turn_model)
+    _, backend = _meta_only_backend(tok)
+    game = list_games("valid_seen", limit=1)[0]
+    runs = {}
+    for on in (True, False):
+        policy = LMPolicy(model, tok, max_new_tokens=256, context="turn", decoding="score", generate_fn=backend,
+                          act_each_turn=on)
+        env = RecordingEnv(ALFWorldEnv(game, max_steps=10, expert=False))
+        ws = Workspace.from_config(ExperienceStore(), f"a{on}", PARALLEL)
+        runs[on] = run_episode(env, policy, ws, CostConfig(), max_env_steps=4, max_meta_actions=3,
+                               view=turn_view(PARALLEL))
+        env.env.close()
+        assert env.commands == [e["command"] for e in runs[on].transcript if e["turn"] == "act"]
+    on, off = runs[True], runs[False]
+    assert [(e["turn"], e.get("ok"), e.get("appended")) for e in on.transcript] == \
+        [("track", True, None), ("act", None, True)] * 3 + [("track", False, None), ("act", None, True)]
+    assert on.env_steps == 4 and on.meta_actions["track"] == 3
+    assert [e["turn"] for e in off.transcript] == ["track", "track", "act", "track", "track", "track", "act", "track",
+                                                   "track"]
+    assert off.env_steps == 2 and off.error == "turn budget spent"
+    assert sum(e.get("ok") is False for e in off.transcript) == 4  # the tracks after the 3rd: over the budget
+
+
+def test_evaluation_acts_each_turn_only_for_parallel_layouts_and_records_the_setting(turn_model, tmp_path):
+    """`EvalConfig.act_each_turn` reaches the policy of a model read in the parallel-calls layout only, and is part of
+    an evaluation's identity unless False (the value of every evaluation recorded before the setting existed)."""
+    from evoharness.config import EvalConfig
+    from evoharness.evaluate import make_policy
+
+    cfg = EvalConfig(decoding="score")
+    assert make_policy(turn_model, cfg, tmp_path, PARALLEL).act_each_turn is True
+    assert make_policy(turn_model, cfg, tmp_path, TURN).act_each_turn is False
+    assert make_policy(turn_model, dataclasses.replace(cfg, act_each_turn=False), tmp_path, PARALLEL).act_each_turn \
+        is False
+    assert cfg.identity()["act_each_turn"] is True
+    assert "act_each_turn" not in dataclasses.replace(cfg, act_each_turn=False).identity()
