@@ -8,11 +8,16 @@ Output layout (a directory, versioned with ``dvc add``)::
 
 Determinism: every episode's randomness (the expert's tie-breaks, the perturbations) derives from
 ``CollectConfig.seed`` and the game path, and results are written in game order whatever the worker count,
-so the same games, seeds and settings give byte-identical files (hence the same DVC md5).
+so the same games, seeds and settings give byte-identical files (hence the same DVC md5). ALFWorld's handcoded
+expert also depends on Python's string hash seed (measured 2026-12-01: in ``train/pick_two_obj_and_place-CellPhone-
+None-Shelf-320/trial_T20190908_113058_584290`` its 25th command is ``go to desk 2`` under ``PYTHONHASHSEED`` 0, 1
+and 3 and ``take cellphone 1 from shelf 2`` under 2, 4 and 5), so the workers are started with it pinned
+(``expert_pool``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -23,7 +28,6 @@ import re
 import resource
 import shutil
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -144,6 +148,28 @@ def _worker(args):
     return game, records, stats
 
 
+EXPERT_HASH_SEED = "0"
+
+
+@contextlib.contextmanager
+def expert_pool(processes: int, **pool_kwargs):
+    """A ``multiprocessing`` pool whose workers run with ``PYTHONHASHSEED=EXPERT_HASH_SEED``, whatever this process's
+    hash seed, so ALFWorld's handcoded expert makes the same choices in every run (module docstring). Workers are
+    started with ``spawn`` (a forked worker keeps its parent's hash seed, and the seed is read only at interpreter
+    start); the variable is set while the pool lives, since ``maxtasksperchild`` starts new workers along the way,
+    and restored after. ``pool_kwargs`` go to ``Pool`` (initializer, maxtasksperchild, ...)."""
+    before = os.environ.get("PYTHONHASHSEED")
+    os.environ["PYTHONHASHSEED"] = EXPERT_HASH_SEED
+    try:
+        with mp.get_context("spawn").Pool(processes, **pool_kwargs) as pool:
+            yield pool
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONHASHSEED", None)
+        else:
+            os.environ["PYTHONHASHSEED"] = before
+
+
 def partial_dir(out_dir: str | Path, cfg: CollectConfig) -> Path:
     """Where finished episodes wait until the shards are written: ``<out_dir>.partial-<settings hash>/``, beside
     (not inside) ``out_dir``, keyed on the settings so a rerun with other settings never mixes them in."""
@@ -174,11 +200,10 @@ def collect(games: list[str], out_dir: str | Path, cfg: CollectConfig, data_dir:
     workers = cfg.workers or mp.cpu_count()
     t0 = time.time()
     jobs = [(g, dataclasses.asdict(cfg), str(data_dir) if data_dir else None) for g in todo]
-    ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     finished = 0
     if jobs:
-        with ctx.Pool(min(workers, len(jobs)), initializer=_default_sigterm,
-                      maxtasksperchild=cfg.games_per_worker) as pool:
+        with expert_pool(min(workers, len(jobs)), initializer=_default_sigterm,
+                         maxtasksperchild=cfg.games_per_worker) as pool:
             for game, records, stats in pool.imap_unordered(_worker, jobs):
                 tmp = partial / (name[game] + ".tmp")
                 tmp.write_text(json.dumps({"records": records, "worker": stats | {"order": len(done) + finished}},

@@ -22,13 +22,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import multiprocessing as mp
 import shutil
-import sys
 import time
 from pathlib import Path
 
 from evoharness.alfworld_env import ALFWorldEnv, task_type_of
+from evoharness.collect import expert_pool
 from evoharness.config import CostConfig, EvalConfig, TraceConfig
 from evoharness.evaluate import environment_failed
 
@@ -184,10 +183,10 @@ def collect_dagger(policy: str, games: list[str], out_dir: str | Path, cfg: Eval
         from evoharness.evaluate import resolve_model_path
 
         local = resolve_model_path(policy, out / "model_cache")  # an MLflow URI is downloaded once, here
-        ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
         init = (local, dataclasses.asdict(cfg), dataclasses.asdict(workspace_cfg) if workspace_cfg else None,
                 str(out / "model_cache"))
-        with ctx.Pool(min(workers, len(jobs)), initializer=_init_worker, initargs=init) as pool:
+        # the expert labels each state: its workers pin Python's hash seed, as collection's do
+        with expert_pool(min(workers, len(jobs)), initializer=_init_worker, initargs=init) as pool:
             for game, records, outcome in pool.imap_unordered(_worker, jobs):
                 tmp = partial / (name[game] + ".tmp")
                 tmp.write_text(json.dumps({"records": records, "outcome": outcome}, sort_keys=True))
