@@ -15,6 +15,7 @@ import functools
 import json
 import multiprocessing as mp
 import os
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -22,10 +23,23 @@ from pathlib import Path
 from evoharness.config import CostConfig, EvalConfig, TraceConfig
 
 
+def _exit_with_parent(parent: int, poll_s: float = 1.0) -> None:
+    """Worker: end this process once ``parent`` (the evaluation that started it) is gone. A shard is one long task,
+    so a worker whose evaluation was killed (SIGKILL, or a SIGTERM that skips Python's clean-up) would otherwise
+    play its whole shard on as an orphan, using the cores and appending to a folder that a re-run resumes into."""
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def _shard(args: tuple) -> tuple[list[dict], dict]:
     """Worker: play one shard (``play_games``) and return its rows as dicts (picklable) and its stats."""
     (policy, games, indices, cfg_dict, cost_dict, out, experience_path, data_dir, workspace_dict, identity,
-     label, threads, quiet) = args
+     label, threads, quiet, parent) = args
+    _exit_with_parent(parent)
     import torch
 
     from evoharness.evaluate import play_games
@@ -72,7 +86,7 @@ def evaluate_sharded(policy: str, games: list[str], cfg: EvalConfig, cost: CostC
         jobs.append((local, [games[i] for i in idx], idx, dataclasses.asdict(cfg), dataclasses.asdict(cost),
                      str(out / f"shard-{k}-of-{workers}"), experience_path, data_dir,
                      dataclasses.asdict(workspace_cfg) if workspace_cfg else None, identity or policy,
-                     f"evaluate shard-{k}-of-{workers}", threads, progress is None))
+                     f"evaluate shard-{k}-of-{workers}", threads, progress is None, os.getpid()))
     if progress:
         progress(f"[evaluate] {len(games)} games in {workers} processes ({threads} thread(s) each), shards under {out}")
     t0 = time.time()

@@ -57,3 +57,59 @@ def test_one_worker_keeps_the_identity_recorded_before_the_setting_existed():
     assert dataclasses.replace(CFG, workers=2).identity()["workers"] == 2
     with pytest.raises(ValueError, match="evaluate.workers"):
         EvalConfig(workers=0)
+
+
+def _children(pid: int) -> list[int]:
+    """The pids whose parent is ``pid`` (Linux /proc)."""
+    import os
+
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                kids.append(int(entry))
+    return kids
+
+
+def test_workers_of_a_killed_evaluation_exit_and_a_rerun_resumes(tmp_path):
+    """SIGKILL the evaluating process while its 2 workers play: the workers exit too (they would otherwise play
+    their shards on as orphans), and a re-run in the same folder keeps the finished episodes and plays the rest."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from evoharness.alfworld_env import list_games
+
+    games = list_games("train", limit=8, stride=400)
+    out = tmp_path / "eval"
+    cfg = dataclasses.replace(CFG, workers=2)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = ("import dataclasses; from evoharness.config import CostConfig, EvalConfig; "
+              "from evoharness.evaluate import evaluate; "
+              f"evaluate('expert', {games!r}, {cfg!r}, CostConfig(), {str(out)!r}, progress=None)")
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=root, start_new_session=True)
+    shards = [out / "shard-0-of-2" / "transcripts.jsonl", out / "shard-1-of-2" / "transcripts.jsonl"]
+    deadline = time.time() + 300
+    while time.time() < deadline and not all(p.exists() and p.read_text().strip() for p in shards):
+        time.sleep(0.2)
+    workers = [k for k in _children(proc.pid) if b"spawn_main" in open(f"/proc/{k}/cmdline", "rb").read()]
+    assert len(workers) == 2
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.time() + 30
+    while time.time() < deadline and any(os.path.exists(f"/proc/{k}") for k in workers):
+        time.sleep(0.2)
+    alive = [k for k in workers if os.path.exists(f"/proc/{k}")]
+    [os.kill(k, signal.SIGKILL) for k in alive]  # do not leave them behind when the assertion fails
+    assert alive == []
+    kept = sum(len(p.read_text().splitlines()) for p in shards)
+    assert 2 <= kept < len(games) and not (out / "transcripts.jsonl").exists()
+    summary = evaluate("expert", games, cfg, CostConfig(), out, progress=None)
+    assert summary["episodes"] == len(games) and summary["resumed_episodes"] == kept
+    assert [r["game"] for r in rows(out / "transcripts.jsonl")] == games
