@@ -189,7 +189,8 @@ def collect(games: list[str], out_dir: str | Path, cfg: CollectConfig, data_dir:
     ``progress(done, total, episodes_per_min, eta_s)``. Returns the manifest (episodes, steps, won, failed,
     settings) plus ``wall_s``, ``resumed`` (episodes found from an earlier run) and ``worker_stats``: per episode, in
     completion order, the worker's pid, how many episodes it had played, the episode's wall seconds, and the worker's
-    resident and peak memory in MiB (not in the manifest: the logs' bytes stay independent of timing).
+    resident and peak memory in MiB (not in the manifest: the logs' bytes stay independent of timing). The workers
+    are spawned (``expert_pool``), so a script that calls this must do so under ``if __name__ == "__main__":``.
     """
     out = Path(out_dir)
     partial = partial_dir(out, cfg)

@@ -157,9 +157,9 @@ def promote_task(
         )
         mlflow.log_metrics({k: v for k, v in decision.items() if isinstance(v, float)})
         decision["run_id"] = run.info.run_id
-    log.info(
-        f"promotion: candidate v{decision['candidate_version']} {decision['candidate_success_rate']:.3f} vs "
-        f"champion v{decision['champion_version']} {decision['champion_success_rate']} -> "
-        f"{'promoted' if decision['promoted'] else 'kept champion'}"
-    )
+    champ_rate = decision["champion_success_rate"]
+    champion = ("no champion yet" if decision["champion_version"] is None else
+                f"champion v{decision['champion_version']}" + (f" {champ_rate:.3f}" if champ_rate is not None else ""))
+    log.info(f"promotion: candidate v{decision['candidate_version']} {decision['candidate_success_rate']:.3f} vs "
+             f"{champion} -> {'promoted' if decision['promoted'] else 'kept champion'}")
     return decision

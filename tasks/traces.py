@@ -44,7 +44,8 @@ def build_traces_task(episodes: list, md5: str, cfg: PipelineConfig, work_dir: s
         for i, line in enumerate((out / "train.jsonl").read_text().splitlines()[:3]):
             mlflow.log_text(json.dumps(json.loads(line), indent=1), f"example_traces/trace_{i}.json")
     get_run_logger().info(
-        f"traces: {stats['train_rows']} train / {stats['valid_rows']} valid rows, hash {stats['content_hash'][:12]}"
+        f"traces: {stats['kept']} of {stats['episodes']} episodes kept (lost expert episodes are left out), "
+        f"{stats['train_rows']} train / {stats['valid_rows']} valid rows, hash {stats['content_hash'][:12]}"
     )
     result = {
         "dir": str(out),
