@@ -129,13 +129,6 @@ def rss_mb() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _default_sigterm() -> None:
-    """Pool worker start: restore SIGTERM's default action. A forked worker inherits its parent's handlers (Prefect
-    installs one that raises), so ``Pool.terminate()`` at the end of a collection printed a traceback per idle
-    worker."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
 def _worker(args):
     global _EPISODES_IN_WORKER
     game, cfg_dict, data_dir = args
@@ -203,8 +196,8 @@ def collect(games: list[str], out_dir: str | Path, cfg: CollectConfig, data_dir:
     jobs = [(g, dataclasses.asdict(cfg), str(data_dir) if data_dir else None) for g in todo]
     finished = 0
     if jobs:
-        with expert_pool(min(workers, len(jobs)), initializer=_default_sigterm,
-                         maxtasksperchild=cfg.games_per_worker) as pool:
+        # spawned workers start with default signal handlers: Prefect's SIGTERM handler is not inherited
+        with expert_pool(min(workers, len(jobs)), maxtasksperchild=cfg.games_per_worker) as pool:
             for game, records, stats in pool.imap_unordered(_worker, jobs):
                 tmp = partial / (name[game] + ".tmp")
                 tmp.write_text(json.dumps({"records": records, "worker": stats | {"order": len(done) + finished}},

@@ -63,6 +63,7 @@ class LMPolicy:
         self.temperature = temperature
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", 4096)
         self.end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.close_id = tokenizer.convert_tokens_to_ids("</tool_call>")
         self.context, self.decoding, self.tools, self.chunk = context, decoding, tools, chunk
         self.generate_fn = generate_fn
         self.act_each_turn = act_each_turn
@@ -71,6 +72,8 @@ class LMPolicy:
         self.appended = 0  # act_each_turn: acts scored after a generated turn of meta-actions only
         # the canonical opening of an act call up to its command string: forced and malformed turns are scored after it
         self.act_prefix_ids = tokenizer(EMPTY_THINK + ACT_PREFIX, add_special_tokens=False)["input_ids"]
+        # an act opened after another call of the same turn (act_each_turn), as the chat template separates calls
+        self.next_act_ids = tokenizer("\n" + ACT_PREFIX, add_special_tokens=False)["input_ids"]
 
     def start(self, messages: list[dict], tools: list[dict]) -> None:
         self.generated_tokens = 0
@@ -161,7 +164,7 @@ class LMPolicy:
             dec.before = calls
             return dec
         if score and calls and self.act_each_turn and not state.get("closing"):
-            return self._append_act(ids, gen, logps, out, calls, state["admissible_commands"])
+            return self._append_act(ids, gen, logps, calls, state["admissible_commands"])
         self._record(ids, gen, logps, [1] * len(gen))
         if calls:
             return Decision(*calls[-1], text=out, before=calls[:-1])
@@ -173,16 +176,14 @@ class LMPolicy:
         stripped = out.replace("<|im_end|>", "").split("</think>")[-1].strip()
         return Decision(None, {}, malformed=True, text=stripped)
 
-    def _append_act(self, ids: list[int], gen: list[int], logps: list[float], out: str, calls: list[tuple[str, dict]],
+    def _append_act(self, ids: list[int], gen: list[int], logps: list[float], calls: list[tuple[str, dict]],
                     admissible: list[str]) -> Decision:
-        """``act_each_turn``: the turn ``gen`` (decoded ``out``) kept up to its last complete ``</tool_call>``, then
+        """``act_each_turn``: the generated turn ``gen`` kept up to its last complete ``</tool_call>``, then
         an ``act`` call opened as the chat template separates parallel calls (``"\n"`` + ``ACT_PREFIX``), its
         command scored over ``admissible``. The generated tokens kept are recorded as sampled, the opening as
         forced (``env_mask`` 0). Returns the act with ``calls`` (every complete call) ahead of it in ``before``."""
-        end = out.rfind("</tool_call>") + len("</tool_call>")
-        keep = next(k for k in range(1, len(gen) + 1)
-                    if len(self.tok.decode(gen[:k], skip_special_tokens=False)) >= end)
-        opening = self.tok("\n" + ACT_PREFIX, add_special_tokens=False)["input_ids"]
+        keep = len(gen) - gen[::-1].index(self.close_id)  # after the last "</tool_call>" (one added token)
+        opening = self.next_act_ids
         head = gen[:keep] + opening
         dec = self._score_act(ids, head, logps[:keep] + [0.0] * len(opening), [1] * keep + [0] * len(opening),
                               admissible, self.tok.decode(gen[:keep], skip_special_tokens=False) + "\n" + ACT_PREFIX)
