@@ -147,7 +147,8 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
     workspace after it.
 
     ``view``: the ``turn`` context (``evoharness.context.TurnView``); each turn's prompt is then passed to the policy
-    as ``state["turn_messages"]``, and ``state["force_act"]`` is set when the prompt is the previous turn's (a repeated
+    as ``state["turn_messages"]`` (with the latest environment observation as ``state["observation"]``), and
+    ``state["force_act"]`` is set when the prompt is the previous turn's (a repeated
     call that changed nothing: a deterministic policy would loop). Without harness (the plain baseline) the episode
     ends with its last command: there is no closing note turn.
     """
@@ -172,6 +173,7 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
         prompt = view.prompt(workspace.render()) if view is not None else None
         state = {"admissible_commands": res.admissible_commands, "expert_action": res.expert_action,
                  "turn_messages": prompt,
+                 "observation": view.observation if view is not None else res.observation,  # the latest one
                  # a turn that left the prompt as it was would be answered the same way again: act instead
                  "force_act": prompt is not None and prompt == previous_prompt and not finished,
                  "closing": finished}  # the last turn: only a note runs

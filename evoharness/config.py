@@ -300,6 +300,10 @@ class EvalConfig:
     closing ``note`` is an environment step, as in every teacher turn whose command was a target. No effect on other
     layouts. False: such a turn runs its meta-actions only (evaluations recorded before 2026-12-01).
 
+    ``ground_track``: ``score`` decoding: a ``track`` call's entity, and a location fact's value, are scored over the
+    names in the latest observation (``evoharness.lm_policy.LMPolicy``), so the Belief only holds names the policy
+    has just read. False: the call is generated as it comes (evaluations recorded before 2026-12-02).
+
     ``workers``: processes playing the games, each with its own copy of the policy and of the Experience store
     (``evoharness.eval_workers``). Worker k plays every ``workers``-th game from the k-th. A lesson one worker
     ``note``s is not recalled by the other, and ``random`` draws from one generator per process, so results can
@@ -317,10 +321,11 @@ class EvalConfig:
     seed: int = 0
     workers: int = 1
     act_each_turn: bool = True
+    ground_track: bool = False
 
     # fields added after evaluations were recorded, with the value those evaluations had: a setting at this value is
     # left out of an evaluation's identity, so older folders still resume and older MLflow runs are still reused
-    IMPLICIT = {"workers": 1, "act_each_turn": False}
+    IMPLICIT = {"workers": 1, "act_each_turn": False, "ground_track": False}
 
     def identity(self) -> dict:
         """The settings that make two evaluations comparable (``dataclasses.asdict`` less ``IMPLICIT`` values)."""

@@ -57,7 +57,7 @@ def make_policy(policy: str, cfg: EvalConfig, cache_dir: str | Path, workspace_c
     pol = LMPolicy(model, tokenizer, cfg.max_new_tokens, temperature=0.0, context=wcfg.context,
                    decoding=cfg.decoding if wcfg.context == "turn" else "remap",
                    tools=TOOLS if wcfg.tools_in_prompt else None,
-                   act_each_turn=cfg.act_each_turn and wcfg.parallel_calls)
+                   act_each_turn=cfg.act_each_turn and wcfg.parallel_calls, ground_track=cfg.ground_track)
     pol.layout = wcfg  # the workspace and prompt layout this model reads (from its config when recorded)
     return pol
 

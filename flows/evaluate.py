@@ -29,16 +29,19 @@ REPO = str(Path(__file__).resolve().parent.parent)
 @flow(name="evoharness-evaluate", log_prints=True)
 def evaluate_flow(policy: str, split: str = "valid_seen", limit: int = 0, profile: str = "default",
                   summary_json: str | None = None, repo: str = REPO, decoding: str | None = None,
-                  work_dir: str | None = None, workers: int | None = None, act_each_turn: bool | None = None) -> dict:
+                  work_dir: str | None = None, workers: int | None = None, act_each_turn: bool | None = None,
+                  ground_track: bool | None = None) -> dict:
     """Evaluate ``policy`` on ``split`` (``limit`` games evenly spaced, 0 = all); logs one MLflow run.
     ``decoding`` overrides the profile's ``evaluate.decoding`` (``remap`` or ``score``). ``work_dir``: resume an
     evaluation there (see the module docstring); raises ValueError when it holds another policy's or settings'.
     ``workers`` overrides ``evaluate.workers`` (processes, ``evoharness.eval_workers``); ``act_each_turn`` overrides
-    ``evaluate.act_each_turn`` (``EvalConfig``: a parallel-calls turn without an act gets one scored)."""
+    ``evaluate.act_each_turn`` (``EvalConfig``: a parallel-calls turn without an act gets one scored);
+    ``ground_track`` overrides ``evaluate.ground_track`` (a track's names scored over the latest observation's)."""
     cfg = load_profile(profile)
     ev_cfg = dataclasses.replace(cfg.evaluate, split=split, limit=limit, decoding=decoding or cfg.evaluate.decoding,
                                  workers=cfg.evaluate.workers if workers is None else workers,
-                                 act_each_turn=cfg.evaluate.act_each_turn if act_each_turn is None else act_each_turn)
+                                 act_each_turn=cfg.evaluate.act_each_turn if act_each_turn is None else act_each_turn,
+                                 ground_track=cfg.evaluate.ground_track if ground_track is None else ground_track)
     configure(repo)
     work = Path(work_dir) if work_dir else Path(repo) / "runs" / time.strftime(f"%Y%m%d-%H%M%S-eval-{split}")
     import mlflow
@@ -69,9 +72,13 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--meta-only-turns", action="store_true",
                    help="parallel-calls models: let a turn that generated no act run its meta-actions only "
                         "(evaluate.act_each_turn false, as evaluations before 2026-12-01 played)")
+    p.add_argument("--ground-track", action="store_true",
+                   help="score a track call's entity (and a location's value) over the names in the latest observation "
+                        "(evaluate.ground_track)")
     a = p.parse_args(argv)
     return evaluate_flow(a.policy, a.split, a.limit, a.profile, a.summary_json, decoding=a.decoding,
-                         work_dir=a.work_dir, workers=a.workers, act_each_turn=False if a.meta_only_turns else None)
+                         work_dir=a.work_dir, workers=a.workers, act_each_turn=False if a.meta_only_turns else None,
+                         ground_track=True if a.ground_track else None)
 
 
 if __name__ == "__main__":

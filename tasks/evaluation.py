@@ -74,9 +74,9 @@ def evaluate_task(
     summary["games"] = games
     log.info(f"{name}: success {summary['success_rate']:.3f} over {summary['episodes']} episodes")
     if summary["environment_failures"]:
-        meta_only = "" if cfg.act_each_turn else " --meta-only-turns"
+        flags = ("" if cfg.act_each_turn else " --meta-only-turns") + (" --ground-track" if cfg.ground_track else "")
         again = (f"python -m flows.evaluate --policy {model_uri or policy} --split {cfg.split} --limit {cfg.limit} "
-                 f"--decoding {cfg.decoding} --workers {cfg.workers}{meta_only} --work-dir {work_dir} "
+                 f"--decoding {cfg.decoding} --workers {cfg.workers}{flags} --work-dir {work_dir} "
                  "--profile <the same profile>"
                  if name == f"evaluate-{cfg.split}" else f"this task again into {out} (same policy and settings)")
         log.warning(f"{name}: {summary['environment_failures']} of {summary['episodes']} episodes did not run (the "

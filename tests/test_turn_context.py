@@ -355,6 +355,46 @@ def test_a_generation_backend_without_stop_strings_is_cut_like_model_generate(tu
     assert remap.turns[-1]["completion_ids"] == act + rest[:rest.index(remap.end_id) + 1]
 
 
+def test_ground_track_scores_a_tracks_names_over_the_latest_observation(turn_model):
+    """`ground_track` (`evaluate.ground_track`): a backend that would track names the policy has not just read
+    ("cd 9", "desk 7") gets its entity and its location value scored over the observation's names instead; the act
+    after them is scored over the admissible commands, and the recorded turn holds the text that was played."""
+    from evoharness.lm_policy import ACT_PREFIX, EMPTY_THINK
+
+    model, tok = load_policy(turn_model)
+    script = [EMPTY_THINK + '<tool_call>\n{"name": "track", "arguments": {"entity": "cd 9", "attribute": "x',
+              'location", "value": "desk 7"}}\n</tool_call>',
+              "\n" + ACT_PREFIX + 'go to desk 7"}}\n</tool_call><|im_end|>']
+
+    def backend(ids, max_new_tokens):
+        ids = tok(script.pop(0) if script else "<|im_end|>", add_special_tokens=False)["input_ids"]
+        return ids, [-0.5] * len(ids)
+
+    observation = "You open the drawer 5. The drawer 5 is open. In it, you see a cd 3, and a cd 2."
+    prompt = [{"role": "user", "content": "Task: look at cd under the desklamp.\nObservation: " + observation}]
+    admissible = ["close drawer 5", "take cd 3 from drawer 5", "take cd 2 from drawer 5"]
+    names = ["drawer 5", "cd 3", "cd 2"]
+    policy = LMPolicy(model, tok, max_new_tokens=96, context="turn", decoding="score", generate_fn=backend,
+                      ground_track=True)
+    policy.start([], [])
+    dec = policy.decide({"turn_messages": prompt, "admissible_commands": admissible, "observation": observation})
+    assert policy.grounded == 2 and not script  # the entity, then the location value; three backend calls
+    [(name, args)] = dec.before
+    assert name == "track" and args["entity"] in names and args["attribute"] == "location"
+    assert args["value"] in names + ["inventory"]
+    assert dec.name == "act" and dec.args["command"] in admissible
+    played = tok.decode(policy.turns[-1]["completion_ids"], skip_special_tokens=False)
+    assert f'"entity": "{args["entity"]}", "attribute": "location", "value": "{args["value"]}"}}}}' in played
+    assert "cd 9" not in played and "desk 7" not in played
+
+    script[:] = [EMPTY_THINK + '<tool_call>\n{"name": "track", "arguments": {"entity": "cd 9", "attribute": '
+                 '"location", "value": "desk 7"}}\n</tool_call>\n' + ACT_PREFIX]
+    free = LMPolicy(model, tok, max_new_tokens=96, context="turn", decoding="score", generate_fn=backend)
+    free.start([], [])
+    dec = free.decide({"turn_messages": prompt, "admissible_commands": admissible, "observation": observation})
+    assert dec.before == [("track", {"entity": "cd 9", "attribute": "location", "value": "desk 7"})]  # as generated
+
+
 PARALLEL = dataclasses.replace(TURN, parallel_calls=True)
 
 
@@ -549,3 +589,54 @@ def test_evaluation_acts_each_turn_only_for_parallel_layouts_and_records_the_set
         is False
     assert cfg.identity()["act_each_turn"] is True
     assert "act_each_turn" not in dataclasses.replace(cfg, act_each_turn=False).identity()
+
+
+def test_evaluation_grounds_tracks_only_when_asked_and_records_the_setting(turn_model, tmp_path):
+    """`EvalConfig.ground_track` reaches the policy, and is part of an evaluation's identity only when True (False is
+    how every evaluation recorded before the setting existed played), so those folders still resume."""
+    from evoharness.config import EvalConfig
+    from evoharness.evaluate import make_policy
+
+    cfg = EvalConfig(decoding="score")
+    assert make_policy(turn_model, cfg, tmp_path, PARALLEL).ground_track is False
+    assert make_policy(turn_model, dataclasses.replace(cfg, ground_track=True), tmp_path, PARALLEL).ground_track
+    assert "ground_track" not in cfg.identity()
+    assert dataclasses.replace(cfg, ground_track=True).identity()["ground_track"] is True
+
+
+def test_ground_track_reads_the_latest_observation_in_a_real_episode(turn_model):
+    """Through `run_episode` on a real game: a backend that tracks "cd 99" and "desk 77" every turn gets, instead, names
+    of the observation the turn read (the room's first one, then each command's answer)."""
+    from evoharness.lm_policy import ACT_PREFIX, EMPTY_THINK, ENTITY_CLOSE, NAME
+
+    model, tok = load_policy(turn_model)
+    rest = '"location", "value": "desk 77"}}\n</tool_call>\n' + ACT_PREFIX
+
+    def backend(ids, max_new_tokens):  # the scripted turn's continuation of what the turn holds so far
+        so_far = tok.decode(ids, skip_special_tokens=False).rsplit("<|im_start|>assistant\n", 1)[-1]
+        opening = EMPTY_THINK + '<tool_call>\n{"name": "track", "arguments": {"entity": "cd 99", "attribute": '
+        text = (rest[1:] if so_far.endswith(ENTITY_CLOSE) else "\n" + ACT_PREFIX if so_far.endswith("</tool_call>")
+                else opening + rest)
+        out = tok(text, add_special_tokens=False)["input_ids"]
+        return out, [-0.5] * len(out)
+
+    policy = LMPolicy(model, tok, max_new_tokens=96, context="turn", decoding="score", generate_fn=backend,
+                      ground_track=True, act_each_turn=True)
+    env = RecordingEnv(ALFWorldEnv(list_games("valid_seen", limit=1)[0], max_steps=10, expert=False))
+    observation = env.env.reset().observation  # the room, as the episode's reset will show it
+    ws = Workspace.from_config(ExperienceStore(), "t", PARALLEL)
+    res = run_episode(env, policy, ws, CostConfig(), max_env_steps=3, max_meta_actions=5, view=turn_view(PARALLEL))
+    env.env.close()
+    grounded = free = 0
+    for entry in res.transcript:
+        if entry["turn"] == "track":
+            names = NAME.findall(observation)
+            if names:
+                assert entry["args"]["entity"] in names and entry["args"]["value"] in names + ["inventory"]
+                grounded += 1
+            else:  # "you see nothing": no name to score over, the call as generated
+                assert entry["args"] == {"entity": "cd 99", "attribute": "location", "value": "desk 77"}
+                free += 1
+        elif entry["turn"] == "act":
+            observation = entry["result"]
+    assert res.env_steps == 3 and grounded >= 1 and grounded + free == res.env_steps and policy.grounded == 2 * grounded
