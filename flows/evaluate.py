@@ -72,13 +72,13 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--meta-only-turns", action="store_true",
                    help="parallel-calls models: let a turn that generated no act run its meta-actions only "
                         "(evaluate.act_each_turn false, as evaluations before 2026-12-01 played)")
-    p.add_argument("--ground-track", action="store_true",
+    p.add_argument("--ground-track", action=argparse.BooleanOptionalAction, default=None,
                    help="score a track call's entity (and a location's value) over the names in the latest observation "
-                        "(evaluate.ground_track)")
+                        "(evaluate.ground_track; default: the profile's, on in full-parallel and its children)")
     a = p.parse_args(argv)
     return evaluate_flow(a.policy, a.split, a.limit, a.profile, a.summary_json, decoding=a.decoding,
                          work_dir=a.work_dir, workers=a.workers, act_each_turn=False if a.meta_only_turns else None,
-                         ground_track=True if a.ground_track else None)
+                         ground_track=a.ground_track)
 
 
 if __name__ == "__main__":

@@ -74,7 +74,8 @@ def evaluate_task(
     summary["games"] = games
     log.info(f"{name}: success {summary['success_rate']:.3f} over {summary['episodes']} episodes")
     if summary["environment_failures"]:
-        flags = ("" if cfg.act_each_turn else " --meta-only-turns") + (" --ground-track" if cfg.ground_track else "")
+        flags = "" if cfg.act_each_turn else " --meta-only-turns"
+        flags += " --ground-track" if cfg.ground_track else " --no-ground-track"
         again = (f"python -m flows.evaluate --policy {model_uri or policy} --split {cfg.split} --limit {cfg.limit} "
                  f"--decoding {cfg.decoding} --workers {cfg.workers}{flags} --work-dir {work_dir} "
                  "--profile <the same profile>"
