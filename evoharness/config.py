@@ -302,7 +302,8 @@ class EvalConfig:
 
     ``ground_track``: ``score`` decoding: a ``track`` call's entity, and a location fact's value, are scored over the
     names in the latest observation (``evoharness.lm_policy.LMPolicy``), so the Belief only holds names the policy
-    has just read. False: the call is generated as it comes (evaluations recorded before 2026-12-02).
+    has just read. False: the call is generated as it comes (every evaluation recorded before the setting, added
+    2026-12-01; on in the ``full-parallel`` profiles since then).
 
     ``workers``: processes playing the games, each with its own copy of the policy and of the Experience store
     (``evoharness.eval_workers``). Worker k plays every ``workers``-th game from the k-th. A lesson one worker

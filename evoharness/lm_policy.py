@@ -200,9 +200,12 @@ class LMPolicy:
 
     def _generate_grounded(self, ids: list[int], observation: str) -> tuple[list[int], list[float]]:
         """``ground_track``: generate the turn after ``ids`` as ``_generate`` does (stopping where an act's command
-        opens), but stop also where a ``track`` call opens its ``entity``, or the ``value`` of a ``location`` fact,
-        and there append the candidate name (with the text that follows it in training) that scores highest, as
-        ``_choose`` chooses. Returns the turn's ids and log-probabilities, the scored pieces included."""
+        opens), but stop also wherever a ``"entity": "`` or a ``"value": "`` opens. In a ``track`` call, the entity,
+        and the value of a ``location`` fact, are then the candidate name (with the text that follows it in
+        training) that ``_choose`` picks from the observation's names; at any other such stop (a ``state`` or
+        ``searched`` value) generation goes on. A name that would not fit in ``max_new_tokens`` is not scored: the
+        turn ends there, as a turn that runs out of tokens does. Returns the turn's ids and log-probabilities, the
+        scored pieces included (each prompt is encoded again at every stop)."""
         names = list(dict.fromkeys(NAME.findall(observation)))
         if not names:  # nothing to ground on ("Nothing happens."): the turn as _generate gives it
             return self._generate(ids, [COMMAND_OPEN])
@@ -215,17 +218,17 @@ class LMPolicy:
                 break
             out = self.tok.decode(gen, skip_special_tokens=False)
             block = out.rsplit("<tool_call>", 1)[-1]
-            if '"name": "track"' not in block:
-                break  # an act's command opened (scored by the caller), or the turn ran out
-            if out.endswith(ENTITY_OPEN):
+            if '"name": "act"' in block or out.rstrip("\n").endswith(COMMAND_OPEN):
+                break  # an act's command opened: the caller scores it
+            if '"name": "track"' in block and out.endswith(ENTITY_OPEN):
                 cands = [n + ENTITY_CLOSE for n in names]
-            elif out.endswith(VALUE_OPEN) and LOCATION in block:
+            elif '"name": "track"' in block and out.endswith(VALUE_OPEN) and LOCATION in block:
                 cands = [n + COMMAND_CLOSE for n in names + ["inventory"]]
-            elif out.endswith(VALUE_OPEN):
-                continue  # a state or searched value: generated
             else:
-                break
+                continue  # a state or searched value, or a stop string inside a longer token: generation goes on
             cand_ids = [self.tok(c, add_special_tokens=False)["input_ids"] for c in cands]
+            if len(gen) + max(len(c) for c in cand_ids) > self.max_new_tokens:
+                break
             per_token = self.score_continuations(ids + gen, cand_ids)
             best = self._choose(per_token)
             gen, logps = gen + cand_ids[best], logps + per_token[best]

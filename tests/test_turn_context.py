@@ -376,15 +376,22 @@ def test_ground_track_scores_a_tracks_names_over_the_latest_observation(turn_mod
     names = ["drawer 5", "cd 3", "cd 2"]
     policy = LMPolicy(model, tok, max_new_tokens=96, context="turn", decoding="score", generate_fn=backend,
                       ground_track=True)
+    scored = []
+
+    def last_wins(context, cands):  # the model's scores, but the last candidate made the likeliest
+        scored.append(len(cands))
+        got = LMPolicy.score_continuations(policy, context, cands)
+        return [[x - 50.0 for x in t] if i < len(got) - 1 else t for i, t in enumerate(got)]
+
+    policy.score_continuations = last_wins
     policy.start([], [])
     dec = policy.decide({"turn_messages": prompt, "admissible_commands": admissible, "observation": observation})
     assert policy.grounded == 2 and not script  # the entity, then the location value; three backend calls
-    [(name, args)] = dec.before
-    assert name == "track" and args["entity"] in names and args["attribute"] == "location"
-    assert args["value"] in names + ["inventory"]
-    assert dec.name == "act" and dec.args["command"] in admissible
+    assert scored == [len(names), len(names) + 1, len(admissible)]  # the names; them and "inventory"; the commands
+    assert dec.before == [("track", {"entity": "cd 2", "attribute": "location", "value": "inventory"})]
+    assert dec.name == "act" and dec.args["command"] == "take cd 2 from drawer 5"
     played = tok.decode(policy.turns[-1]["completion_ids"], skip_special_tokens=False)
-    assert f'"entity": "{args["entity"]}", "attribute": "location", "value": "{args["value"]}"}}}}' in played
+    assert '"entity": "cd 2", "attribute": "location", "value": "inventory"}}' in played
     assert "cd 9" not in played and "desk 7" not in played
 
     script[:] = [EMPTY_THINK + '<tool_call>\n{"name": "track", "arguments": {"entity": "cd 9", "attribute": '
@@ -643,3 +650,26 @@ def test_ground_track_reads_the_latest_observation_in_a_real_episode(turn_model)
         elif entry["turn"] == "act":
             observation = entry["result"]
     assert res.env_steps == 3 and grounded >= 1 and grounded + free == res.env_steps and policy.grounded == 2 * grounded
+
+
+def test_ground_track_with_model_generate_keeps_every_turn_whole(turn_model):
+    """The path evaluation runs (`model.generate` with the three stop strings, called again after each scored name):
+    on a real game the episode plays its steps, every recorded turn has one log-probability and one mask entry per
+    token, and every executed `track` after an observation with names is grounded in it."""
+    from evoharness.lm_policy import NAME
+
+    model, tok = load_policy(turn_model)
+    policy = LMPolicy(model, tok, max_new_tokens=48, context="turn", decoding="score", ground_track=True,
+                      act_each_turn=True)
+    env = RecordingEnv(ALFWorldEnv(list_games("valid_seen", limit=1)[0], max_steps=10, expert=False))
+    observation = env.env.reset().observation
+    ws = Workspace.from_config(ExperienceStore(), "t", PARALLEL)
+    res = run_episode(env, policy, ws, CostConfig(), max_env_steps=3, max_meta_actions=5, view=turn_view(PARALLEL))
+    env.env.close()
+    assert res.env_steps == 3 and res.remapped == 0
+    assert all(len(t["completion_ids"]) == len(t["logprobs"]) == len(t["env_mask"]) for t in policy.turns)
+    for entry in res.transcript:
+        if entry["turn"] == "track" and NAME.findall(observation):
+            assert entry["args"]["entity"] in NAME.findall(observation)
+        elif entry["turn"] == "act":
+            observation = entry["result"]
