@@ -238,6 +238,10 @@ class GRPOStageConfig(TrainingRuntime):
             ``num_generations x turns_per_episode`` samples (``evoharness.rollouts.TurnRollouts``).
         max_steps: optimizer steps.
         max_env_steps / max_meta_actions: per-episode budgets during rollouts.
+        ground_track: ``turn`` context: a rollout's ``track`` names are drawn over the latest observation's names (at
+            the rollout temperature, from the softmax of their log-likelihoods), as ``evaluate.ground_track`` plays
+            them (``evoharness.lm_policy.LMPolicy``). The drawn tokens are recorded with the model's own
+            log-probabilities, as scored commands are.
         temperature: sampling temperature of rollouts (TRL scales the training logits by the same value). 0.7, not
             1.0: the default SFT model's first turns were malformed tool calls in 13 of 16 samples at 1.0, 6 of 16
             at 0.7, 0 of 4 greedy (4 train games).
@@ -269,6 +273,7 @@ class GRPOStageConfig(TrainingRuntime):
     max_meta_actions: int = 12
     max_new_tokens: int = 48
     temperature: float = 0.7
+    ground_track: bool = False
     learning_rate: float = 1e-4
     beta: float = 0.0
     bf16: bool = False

@@ -147,7 +147,8 @@ class TurnRollouts(_Rollouts):
         env = ALFWorldEnv(game, max_steps=self.cfg.max_env_steps + 1, expert=False, data_dir=self.data_dir)
         policy = LMPolicy(model, tokenizer, self.cfg.max_new_tokens, self.cfg.temperature, context="turn",
                           decoding="score", tools=TOOLS if wcfg.tools_in_prompt else None, generate_fn=generate_fn,
-                          act_each_turn=wcfg.parallel_calls)  # as evaluation plays it (EvalConfig.act_each_turn)
+                          act_each_turn=wcfg.parallel_calls,  # as evaluation plays it (EvalConfig.act_each_turn)
+                          ground_track=self.cfg.ground_track)
         ws = Workspace.from_config(self.experience, episode_id, wcfg)
         torch.manual_seed(seed)
         try:

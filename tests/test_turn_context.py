@@ -673,3 +673,29 @@ def test_ground_track_with_model_generate_keeps_every_turn_whole(turn_model):
             assert entry["args"]["entity"] in NAME.findall(observation)
         elif entry["turn"] == "act":
             observation = entry["result"]
+
+
+def test_grpo_rollouts_ground_tracks_when_the_profile_says(turn_model, tmp_path, monkeypatch):
+    """`grpo.ground_track` reaches the policy that plays a GRPO rollout (on in `full-parallel`, as its evaluation)."""
+    import evoharness.lm_policy
+    from evoharness.config import GRPOStageConfig, load_profile
+    from evoharness.rollouts import TurnRollouts
+
+    made = []
+
+    class Recording(LMPolicy):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append((self.ground_track, self.act_each_turn))
+
+    monkeypatch.setattr(evoharness.lm_policy, "LMPolicy", Recording)
+    model, tok = load_policy(turn_model)
+    game = list_games("train", limit=1, offset=1000)[0]
+    for on in (True, False):
+        cfg = GRPOStageConfig(max_env_steps=1, max_meta_actions=1, max_new_tokens=16, ground_track=on)
+        rollouts = TurnRollouts({}, cfg, CostConfig(), str(tmp_path / "exp.db"), str(tmp_path / "h.jsonl"),
+                                workspace_cfg=PARALLEL)
+        res, _ = rollouts.play(model, tok, game, f"e{on}", seed=0)
+        assert res.env_steps == 1
+    assert made == [(True, True), (False, True)]
+    assert load_profile("full-parallel").grpo.ground_track and not load_profile("default").grpo.ground_track
