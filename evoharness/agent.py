@@ -34,6 +34,7 @@ class Decision:
     text: str = ""
     before: list[tuple[str, dict]] = field(default_factory=list)  # calls of the same turn ahead of this one, in order
     appended: bool = False  # an act the decoder added after a generated turn of meta-actions only (act_each_turn)
+    grounded: int = 0  # track arguments of this turn scored over the observation's names (ground_track)
 
 
 def parse_tool_call(text: str) -> tuple[str | None, dict]:
@@ -212,6 +213,8 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
             ws_tokens.append(len(tokens(entry["workspace"])))
             turn_tokens, cost_before = 0, workspace.usage.cost(cost_cfg)
         entry = {"turn": dec.name or "malformed", "args": dec.args, "generated_tokens": turn_tokens}
+        if dec.grounded:  # on the turn's last entry, as its generated tokens are
+            entry["grounded"] = dec.grounded
         if dec.name in META_ACTIONS:
             meta += _meta_call(workspace, view, entry, meta, max_meta_actions, env_steps)
         elif dec.name not in (None, "act"):

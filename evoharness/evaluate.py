@@ -96,6 +96,7 @@ def summarize(results, split: str, games_total: int) -> dict:
         "rejected_turns_per_episode": sum(r.rejected_turns for r in results) / n,
         "remapped_per_episode": sum(r.remapped for r in results) / n,
         "appended_acts_per_episode": sum(sum(1 for t in r.transcript if t.get("appended")) for r in results) / n,
+        "grounded_names_per_episode": sum(sum(t.get("grounded", 0) for t in r.transcript) for r in results) / n,
         "mean_reward": sum(r.reward for r in results) / n,
         "errors": [f"{r.game}: {r.error}" for r in results if r.error],
         "environment_failures": sum(environment_failed(r.error) for r in results),

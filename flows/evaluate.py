@@ -2,11 +2,12 @@
 
     python -m flows.evaluate --policy MODEL_PATH|models:/NAME@ALIAS|expert|random --split NAME [--limit N]
                              [--summary-json FILE] [--profile NAME] [--decoding remap|score] [--work-dir DIR]
-                             [--workers W] [--meta-only-turns]
+                             [--workers W] [--meta-only-turns] [--ground-track | --no-ground-track]
 
 ``--work-dir DIR`` (default: a new ``runs/<time>-eval-<split>``): the folder above ``evaluate-<split>`` of an
-earlier, interrupted evaluation of the same policy with the same settings resumes there: its finished episodes are
-kept and only the missing games, and those whose environment failed, are played (``evoharness.evaluate.evaluate``).
+earlier, interrupted evaluation of the same policy with the same settings (or that ``evaluate-<split>`` folder
+itself) resumes there: its finished episodes are kept and only the missing games, and those whose environment
+failed, are played (``evoharness.evaluate.evaluate``).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def evaluate_flow(policy: str, split: str = "valid_seen", limit: int = 0, profil
                                  act_each_turn=cfg.evaluate.act_each_turn if act_each_turn is None else act_each_turn,
                                  ground_track=cfg.evaluate.ground_track if ground_track is None else ground_track)
     configure(repo)
-    work = Path(work_dir) if work_dir else Path(repo) / "runs" / time.strftime(f"%Y%m%d-%H%M%S-eval-{split}")
+    work = work_folder(work_dir, split, repo)
     import mlflow
 
     with mlflow.start_run(run_name=f"evaluate-{split}", tags={**git_info(repo), "policy": policy}) as run:
@@ -57,6 +58,16 @@ def evaluate_flow(policy: str, split: str = "valid_seen", limit: int = 0, profil
     return summary
 
 
+def work_folder(work_dir: str | None, split: str, repo: str = REPO) -> Path:
+    """The folder the evaluation writes ``evaluate-<split>`` into: ``work_dir``, or its parent when ``work_dir`` is
+    itself an ``evaluate-<split>`` folder (the one holding ``transcripts.jsonl``, which a person resuming is apt to
+    name), so it resumes there instead of nesting a new, empty one; a new ``runs/<time>-eval-<split>`` when None."""
+    if not work_dir:
+        return Path(repo) / "runs" / time.strftime(f"%Y%m%d-%H%M%S-eval-{split}")
+    path = Path(work_dir)
+    return path.parent if path.name == f"evaluate-{split}" else path
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description="Evaluate a policy on an ALFWorld split.")
     p.add_argument("--policy", required=True, help="model folder, models:/NAME@ALIAS, expert or random")
@@ -66,7 +77,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--summary-json", default=None)
     p.add_argument("--decoding", default=None, choices=["remap", "score"],
                    help="how an act call becomes an admissible command (default: the profile's)")
-    p.add_argument("--work-dir", default=None, help="resume the evaluation in this folder (default: a new one)")
+    p.add_argument("--work-dir", default=None,
+                   help="resume the evaluation in this folder or its evaluate-<split> subfolder (default: a new one)")
     p.add_argument("--workers", type=int, default=None,
                    help="processes playing the games, each with its own policy copy (default: the profile's)")
     p.add_argument("--meta-only-turns", action="store_true",

@@ -120,8 +120,15 @@ def test_pinned_rerun_and_registered_model_evaluation(first_run, pipeline_repo):
     ev = evaluate_flow("models:/evoharness-policy@candidate", split="valid_seen", limit=1, profile="tiny",
                        repo=str(pipeline_repo))
     assert ev["episodes"] == 1 and ev["model_uri"] == "models:/evoharness-policy@candidate"
-    expert = evaluate_flow("expert", split="valid_train", limit=2, profile="tiny", repo=str(pipeline_repo))
-    assert expert["episodes"] == 2 and expert["split"] == "valid_train"
+    work = pipeline_repo / "runs" / "expert-eval"
+    expert = evaluate_flow("expert", split="valid_train", limit=2, profile="tiny", repo=str(pipeline_repo),
+                           work_dir=str(work))
+    assert expert["episodes"] == 2 and expert["split"] == "valid_train" and expert["resumed_episodes"] == 0
+    # resumed by naming the folder that holds the transcripts: played there again, not in a nested new one
+    again = evaluate_flow("expert", split="valid_train", limit=2, profile="tiny", repo=str(pipeline_repo),
+                          work_dir=str(work / "evaluate-valid_train"))
+    assert again["resumed_episodes"] == 2 and again["success_rate"] == expert["success_rate"]
+    assert not (work / "evaluate-valid_train" / "evaluate-valid_train").exists()
 
 
 def test_grpo_from_a_registered_sft_model_reuses_its_evaluation(first_run, pipeline_repo):
