@@ -24,6 +24,7 @@ from evoharness.config import load_profile  # noqa: E402
 from evoharness.context import turn_view  # noqa: E402
 from evoharness.evaluate import make_policy, spread  # noqa: E402
 from evoharness.harness import ExperienceStore, Workspace  # noqa: E402
+from evoharness.tracking import configure  # noqa: E402
 
 
 class Paired:
@@ -70,6 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--experience", default=None, help="an Experience store to start from (copied)")
     a = p.parse_args(argv)
     cfg = load_profile(a.profile)
+    configure(Path(__file__).resolve().parent.parent)  # a models:/ URI reads the embedded MLflow store
     with tempfile.TemporaryDirectory() as tmp:
         free, grounded = (make_policy(a.policy, dataclasses.replace(cfg.evaluate, ground_track=on), Path(tmp) / "m",
                                       cfg.traces) for on in (False, True))
