@@ -34,7 +34,6 @@ class Decision:
     text: str = ""
     before: list[tuple[str, dict]] = field(default_factory=list)  # calls of the same turn ahead of this one, in order
     appended: bool = False  # an act the decoder added after a generated turn of meta-actions only (act_each_turn)
-    grounded: int = 0  # track arguments of this turn scored over the observation's names (ground_track)
 
 
 def parse_tool_call(text: str) -> tuple[str | None, dict]:
@@ -95,6 +94,7 @@ class EpisodeResult:
     workspace_tokens: list[int] = field(default_factory=list)
     transcript: list[dict] = field(default_factory=list)
     cost_by_type: dict[str, float] = field(default_factory=dict)
+    grounded_names: int | None = None  # track names scored over the observation's (ground_track); None: not recorded
 
 
 class ExpertPolicy:
@@ -158,6 +158,7 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
     transcript: list[dict] = []
     ws_tokens: list[int] = []
     malformed = remapped = env_steps = meta = 0
+    grounded_before = getattr(policy, "grounded", 0)  # every turn's, the closing one's included
     won, error = False, None
     try:
         res = call_with_timeout(env.reset, env_timeout_s, seed=seed)
@@ -213,8 +214,6 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
             ws_tokens.append(len(tokens(entry["workspace"])))
             turn_tokens, cost_before = 0, workspace.usage.cost(cost_cfg)
         entry = {"turn": dec.name or "malformed", "args": dec.args, "generated_tokens": turn_tokens}
-        if dec.grounded:  # on the turn's last entry, as its generated tokens are
-            entry["grounded"] = dec.grounded
         if dec.name in META_ACTIONS:
             meta += _meta_call(workspace, view, entry, meta, max_meta_actions, env_steps)
         elif dec.name not in (None, "act"):
@@ -250,7 +249,9 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
         if not finished:
             error = error or "turn budget spent"
     workspace.finish(won)
-    return _result(env, workspace, cost_cfg, won, env_steps, malformed, remapped, error, ws_tokens, transcript)
+    res = _result(env, workspace, cost_cfg, won, env_steps, malformed, remapped, error, ws_tokens, transcript)
+    res.grounded_names = getattr(policy, "grounded", 0) - grounded_before
+    return res
 
 
 def _meta_call(workspace: Workspace, view: TurnView | None, entry: dict, executed: int, budget: int, step: int) -> int:

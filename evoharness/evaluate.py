@@ -71,7 +71,8 @@ def spread(games: list[str], limit: int) -> list[str]:
 
 
 def summarize(results, split: str, games_total: int) -> dict:
-    """Success rate overall and by task type; mean steps, meta-actions (by type) and generated tokens per episode."""
+    """Success rate overall and by task type; mean steps, meta-actions (by type), generated tokens and grounded
+    track names (``ground_track``; None when a kept episode predates the count) per episode."""
     n = max(len(results), 1)
     by_type: dict[str, list[bool]] = {}
     meta_by_type: dict[str, list[dict]] = {}
@@ -96,7 +97,9 @@ def summarize(results, split: str, games_total: int) -> dict:
         "rejected_turns_per_episode": sum(r.rejected_turns for r in results) / n,
         "remapped_per_episode": sum(r.remapped for r in results) / n,
         "appended_acts_per_episode": sum(sum(1 for t in r.transcript if t.get("appended")) for r in results) / n,
-        "grounded_names_per_episode": sum(sum(t.get("grounded", 0) for t in r.transcript) for r in results) / n,
+        # None when an episode did not record it (kept from a folder written before 2026-12-02)
+        "grounded_names_per_episode": (None if any(r.grounded_names is None for r in results)
+                                       else sum(r.grounded_names for r in results) / n),
         "mean_reward": sum(r.reward for r in results) / n,
         "errors": [f"{r.game}: {r.error}" for r in results if r.error],
         "environment_failures": sum(environment_failed(r.error) for r in results),

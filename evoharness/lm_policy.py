@@ -110,10 +110,7 @@ class LMPolicy:
         """Generate one assistant turn and parse its tool call. Malformed output is returned as
         ``Decision(None, {}, malformed=True, text=...)``; the loop maps its text to an admissible command."""
         if self.context == "turn":
-            before = self.grounded
-            dec = self._decide_turn(state)
-            dec.grounded = self.grounded - before
-            return dec
+            return self._decide_turn(state)
         ids = self.prompt_ids + self.completion_ids
         if len(ids) + self.max_new_tokens > self.max_context:
             self.truncated = True

@@ -61,11 +61,13 @@ def evaluate_flow(policy: str, split: str = "valid_seen", limit: int = 0, profil
 def work_folder(work_dir: str | None, split: str, repo: str = REPO) -> Path:
     """The folder the evaluation writes ``evaluate-<split>`` into: ``work_dir``, or its parent when ``work_dir`` is
     itself an ``evaluate-<split>`` folder (the one holding ``transcripts.jsonl``, which a person resuming is apt to
-    name), so it resumes there instead of nesting a new, empty one; a new ``runs/<time>-eval-<split>`` when None."""
+    name), so it resumes there instead of nesting a new, empty one (unless an earlier run nested one there already);
+    a new ``runs/<time>-eval-<split>`` when None."""
     if not work_dir:
         return Path(repo) / "runs" / time.strftime(f"%Y%m%d-%H%M%S-eval-{split}")
     path = Path(work_dir)
-    return path.parent if path.name == f"evaluate-{split}" else path
+    nested = path / f"evaluate-{split}"  # written by an earlier run given this folder: resume that one
+    return path.parent if path.name == f"evaluate-{split}" and not nested.exists() else path
 
 
 def main(argv: list[str] | None = None) -> dict:

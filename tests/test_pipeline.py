@@ -362,3 +362,16 @@ def test_dagger_episodes_of_a_registered_version_train_the_next_one_with_lineage
     assert ok.returncode == 0, ok.stderr
     assert "data-dagger-t/logs/dagger-t-00000.jsonl" in ok.stdout and "lineage check passed" in ok.stdout
     assert "data-dagger-t/ holds episodes models:/evoharness-policy/1 played" in ok.stdout
+
+
+def test_work_folder_resumes_in_the_evaluate_folder_it_is_given(tmp_path):
+    """`--work-dir` names the folder above `evaluate-<split>` or that folder itself; a folder an earlier run already
+    nested (`evaluate-<split>/evaluate-<split>`, before 2026-12-02) is resumed where it is."""
+    from flows.evaluate import work_folder
+
+    ev = tmp_path / "run" / "evaluate-valid_seen"
+    assert work_folder(str(tmp_path / "run"), "valid_seen") == tmp_path / "run"
+    assert work_folder(str(ev), "valid_seen") == tmp_path / "run"
+    assert work_folder(str(ev), "valid_train") == ev  # another split's folder is only a folder
+    (ev / "evaluate-valid_seen").mkdir(parents=True)
+    assert work_folder(str(ev), "valid_seen") == ev

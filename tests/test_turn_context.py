@@ -652,8 +652,10 @@ def test_ground_track_reads_the_latest_observation_in_a_real_episode(turn_model)
     assert res.env_steps == 3 and grounded >= 1 and grounded + free == res.env_steps and policy.grounded == 2 * grounded
     from evoharness.evaluate import summarize
 
-    assert sum(e.get("grounded", 0) for e in res.transcript) == policy.grounded  # each turn's count on its last entry
-    assert summarize([res], "valid_seen", 1)["grounded_names_per_episode"] == 2 * grounded
+    assert res.grounded_names == policy.grounded  # the episode's count: every turn's, the closing one's included
+    assert summarize([res], "valid_seen", 1)["grounded_names_per_episode"] == policy.grounded
+    old = dataclasses.replace(res, grounded_names=None)  # resumed from a folder written before the count existed
+    assert summarize([res, old], "valid_seen", 2)["grounded_names_per_episode"] is None
 
 
 def test_ground_track_with_model_generate_keeps_every_turn_whole(turn_model):
