@@ -249,9 +249,8 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
         if not finished:
             error = error or "turn budget spent"
     workspace.finish(won)
-    res = _result(env, workspace, cost_cfg, won, env_steps, malformed, remapped, error, ws_tokens, transcript)
-    res.grounded_names = getattr(policy, "grounded", 0) - grounded_before
-    return res
+    return _result(env, workspace, cost_cfg, won, env_steps, malformed, remapped, error, ws_tokens, transcript,
+                   getattr(policy, "grounded", 0) - grounded_before)
 
 
 def _meta_call(workspace: Workspace, view: TurnView | None, entry: dict, executed: int, budget: int, step: int) -> int:
@@ -284,7 +283,7 @@ def _close(entry: dict, workspace: Workspace, cost_cfg: CostConfig, cost_before:
     return entry
 
 
-def _result(env, ws, cost_cfg, won, env_steps, malformed, remapped, error, ws_tokens, transcript):
+def _result(env, ws, cost_cfg, won, env_steps, malformed, remapped, error, ws_tokens, transcript, grounded_names=0):
     cost = ws.usage.cost(cost_cfg)
     return EpisodeResult(
         game=getattr(env, "game", ""), task_type=getattr(env, "task_type", ""), won=won, env_steps=env_steps,
@@ -292,4 +291,4 @@ def _result(env, ws, cost_cfg, won, env_steps, malformed, remapped, error, ws_to
         reward=float(won) - cost, malformed=malformed, remapped=remapped, invalid_meta=ws.usage.invalid_calls,
         rejected_turns=ws.usage.rejected_turns,
         error=error, workspace_tokens=ws_tokens, transcript=transcript,
-        cost_by_type=ws.usage.cost_by_type(cost_cfg))
+        cost_by_type=ws.usage.cost_by_type(cost_cfg), grounded_names=grounded_names)

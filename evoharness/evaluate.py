@@ -245,7 +245,7 @@ def play_games(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig,
                 from evoharness.agent import EpisodeResult
 
                 res = EpisodeResult(game, "", False, 0, {m: 0 for m in META_ACTIONS}, 0, 0.0, 0.0,
-                                    error=f"could not load game: {exc!r}")
+                                    error=f"could not load game: {exc!r}", grounded_names=0)
             else:
                 ws = Workspace.from_config(store, f"eval-{i}", wcfg)
                 res = run_episode(env, pol, ws, cost, cfg.max_env_steps, cfg.max_meta_actions, seed=cfg.seed + i,
