@@ -62,7 +62,6 @@ def test_a_policy_that_fails_to_load_does_not_claim_the_folder(tmp_path, tiny_ga
     assert evaluate("expert", tiny_games[:1], CFG, CostConfig(), out, progress=None)["episodes"] == 1
 
 
-
 def test_an_episode_whose_game_does_not_load_still_counts_its_grounded_names(tmp_path, tiny_games):
     """A game that cannot load is an environment failure with 0 grounded names, not an unrecorded count: the
     summary's `grounded_names_per_episode` stays a number (None only for episodes kept from older folders)."""
