@@ -10,6 +10,7 @@ beside the game, so ``task_params_from_path`` rebuilds them from the folder name
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import random
@@ -92,8 +93,38 @@ def task_params_from_path(game: str) -> dict:
     return params
 
 
+EXPERT = "alfworld-0.4.2-handcoded+move-tracking"
+"""The expert that labels collected logs: ALFWorld 0.4.2's handcoded TextWorld expert with ``move`` commands tracked
+(``_tracking_moves``, from 2026-12-02). Collection manifests record it (``settings.expert``); logs without it were
+made by the expert before that fix."""
+
+
+@functools.cache
+def _tracking_moves(policy_cls: type) -> type:
+    """``policy_cls`` (an ALFWorld handcoded-expert task policy) whose state tracking sees ``move`` commands.
+
+    ALFWorld 0.4 renamed ``put X in/on Y`` to ``move X to Y``, but ``BasePolicy.update_state_tracking``
+    (``alfworld/agents/expert/handcoded_expert.py``, 0.4.2) still looks for ``"put"`` in the last command. After a
+    ``move`` the expert believes it still holds the object. In Pick Two it then answers ``move <first object> to
+    <receptacle>`` while holding the second one: inadmissible, so ``AlfredExpert`` plans ``look`` and the episode
+    loops to the step limit (measured: 167 of 813 Pick Two episodes won in ``data-full``, against 2,591 of 2,740
+    for the other task types). The same happens after it puts back an object it should not hold. Tracking a
+    successful ``move`` as the ``put`` it replaced fixes both.
+    """
+
+    class Policy(policy_cls):
+        def update_state_tracking(self, game_state, last_action):
+            if last_action.startswith("move ") and self.inventory:
+                last_action = "put " + last_action.removeprefix("move ")
+            return super().update_state_tracking(game_state, last_action)
+
+    Policy.__name__ = Policy.__qualname__ = policy_cls.__name__
+    return Policy
+
+
 def _expert_wrapper():
-    """ALFWorld's ``AlfredExpert`` wrapper with a handcoded agent that takes its task from the folder name."""
+    """ALFWorld's ``AlfredExpert`` wrapper with a handcoded agent that takes its task from the folder name and
+    tracks ``move`` commands (``_tracking_moves``)."""
     from alfworld.agents.environment.alfred_tw_env import AlfredExpert
     from alfworld.agents.expert import handcoded_expert as he
     from alfworld.agents.expert.handcoded_expert_tw import HandCodedTWAgent
@@ -102,7 +133,8 @@ def _expert_wrapper():
         def reset(self, game="INVALID"):
             params = task_params_from_path(game)
             self.task_params = {k: (v.lower() if v in he.constants.OBJECTS else v) for k, v in params.items()}
-            self.policy = self.get_task_policy(self.task_params)(self.task_params, max_steps=self.max_steps)
+            policy_cls = _tracking_moves(self.get_task_policy(self.task_params))
+            self.policy = policy_cls(self.task_params, max_steps=self.max_steps)
 
     class FolderTaskExpert(AlfredExpert):
         def load(self, gamefile):

@@ -9,10 +9,10 @@ Output layout (a directory, versioned with ``dvc add``)::
 Determinism: every episode's randomness (the expert's tie-breaks, the perturbations) derives from
 ``CollectConfig.seed`` and the game path, and results are written in game order whatever the worker count,
 so the same games, seeds and settings give byte-identical files (hence the same DVC md5). ALFWorld's handcoded
-expert also depends on Python's string hash seed (measured 2026-12-01: in ``train/pick_two_obj_and_place-CellPhone-
-None-Shelf-320/trial_T20190908_113058_584290`` its 25th command is ``go to desk 2`` under ``PYTHONHASHSEED`` 0, 1
-and 3 and ``take cellphone 1 from shelf 2`` under 2, 4 and 5), so the workers are started with it pinned
-(``expert_pool``).
+expert also depended on Python's string hash seed (measured 2026-12-01, before ``alfworld_env._tracking_moves``: in
+``train/pick_two_obj_and_place-CellPhone-None-Shelf-320/trial_T20190908_113058_584290`` its 25th command was ``go to
+desk 2`` under ``PYTHONHASHSEED`` 0, 1 and 3 and ``take cellphone 1 from shelf 2`` under 2, 4 and 5), so the workers
+are started with it pinned (``expert_pool``). The manifest names the expert (``settings.expert``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import signal
 import time
 from pathlib import Path
 
-from evoharness.alfworld_env import ALFWorldEnv, task_type_of
+from evoharness.alfworld_env import EXPERT, ALFWorldEnv, task_type_of
 from evoharness.config import CollectConfig
 
 
@@ -163,10 +163,15 @@ def expert_pool(processes: int, **pool_kwargs):
             os.environ["PYTHONHASHSEED"] = before
 
 
+def log_settings(cfg: CollectConfig) -> dict:
+    """What decides the logs' bytes: ``cfg.content_settings()`` and the expert (``alfworld_env.EXPERT``)."""
+    return cfg.content_settings() | {"expert": EXPERT}
+
+
 def partial_dir(out_dir: str | Path, cfg: CollectConfig) -> Path:
     """Where finished episodes wait until the shards are written: ``<out_dir>.partial-<settings hash>/``, beside
-    (not inside) ``out_dir``, keyed on the settings so a rerun with other settings never mixes them in."""
-    settings = json.dumps(cfg.content_settings(), sort_keys=True)
+    (not inside) ``out_dir``, keyed on ``log_settings`` so a rerun with other settings or expert never mixes them in."""
+    settings = json.dumps(log_settings(cfg), sort_keys=True)
     out = Path(out_dir)
     return out.parent / f"{out.name}.partial-{hashlib.sha256(settings.encode()).hexdigest()[:12]}"
 
@@ -215,7 +220,7 @@ def collect(games: list[str], out_dir: str | Path, cfg: CollectConfig, data_dir:
         lines = [json.dumps(r, sort_keys=True) for ep in ordered[start:start + cfg.shard_size] for r in ep]
         (out / "logs" / f"shard-{shard:05d}.jsonl").write_text("\n".join(lines) + "\n")
     manifest = {
-        "settings": cfg.content_settings(),
+        "settings": log_settings(cfg),
         "episodes": len(ordered),
         "steps": sum(len(ep) - 1 for ep in ordered),
         "won": sum(ep[-1]["won"] for ep in ordered),

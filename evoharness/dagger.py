@@ -26,7 +26,7 @@ import shutil
 import time
 from pathlib import Path
 
-from evoharness.alfworld_env import ALFWorldEnv, task_type_of
+from evoharness.alfworld_env import EXPERT, ALFWorldEnv, task_type_of
 from evoharness.collect import expert_pool
 from evoharness.config import CostConfig, EvalConfig, TraceConfig
 from evoharness.evaluate import environment_failed
@@ -159,7 +159,7 @@ def collect_dagger(policy: str, games: list[str], out_dir: str | Path, cfg: Eval
     settings = {"policy": policy, "tag": tag, "evaluate": dataclasses.replace(cfg, workers=1).identity(),
                 "cost": dataclasses.asdict(cost),
                 "workspace": dataclasses.asdict(workspace_cfg) if workspace_cfg else None,
-                "games_sha256": hashlib.sha256(json.dumps(games).encode()).hexdigest()}
+                "games_sha256": hashlib.sha256(json.dumps(games).encode()).hexdigest(), "expert": EXPERT}
     settings = json.loads(json.dumps(settings))
     done_manifest = out / f"dagger-{tag}.json"
     if done_manifest.exists() and not partial.exists():  # finished before (e.g. killed before `dvc add`)

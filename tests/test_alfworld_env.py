@@ -48,3 +48,20 @@ def test_expert_wins_real_games_and_won_is_not_done():
     last = env.step("look")
     env.close()
     assert last.done and not last.won
+
+
+def test_expert_tracks_move_commands_and_wins_pick_two():
+    """ALFWorld 0.4.2's handcoded expert tracks its inventory on ``put``, but ALFWorld 0.4 plays ``move``. Before
+    ``alfworld_env._tracking_moves`` its 9th command here named the first alarmclock again (inadmissible, so
+    ``look``); it wandered and won at step 26 (measured). In ``data-full``'s episode of this game (another seed) it
+    never won."""
+    game = "train/pick_two_obj_and_place-AlarmClock-None-Desk-307/trial_T20190907_013652_494441/game.tw-pddl"
+    env = ALFWorldEnv(game, max_steps=50)
+    res, commands = env.reset(0), []
+    while not res.done:
+        commands.append(res.expert_action)
+        res = env.step(commands[-1])
+    env.close()
+    assert res.won and len(commands) == 9
+    moves = [c for c in commands if c.startswith("move ")]
+    assert len(moves) == 2 and moves[0] != moves[1] and commands[8] == moves[1]
