@@ -109,7 +109,8 @@ def _tracking_moves(policy_cls: type) -> type:
     <receptacle>`` while holding the second one: inadmissible, so ``AlfredExpert`` plans ``look`` and the episode
     loops to the step limit (measured: 167 of 813 Pick Two episodes won in ``data-full``, against 2,591 of 2,740
     for the other task types). The same happens after it puts back an object it should not hold. Tracking a
-    successful ``move`` as the ``put`` it replaced fixes both.
+    successful ``move`` as the ``put`` it replaced fixes both. Upstream: the rename is alfworld/alfworld#94; #114
+    (open) reports wrong state updates in this expert.
     """
 
     class Policy(policy_cls):
