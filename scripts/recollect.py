@@ -1,0 +1,42 @@
+"""Collect a profile's raw logs into a staging folder (not its DVC-tracked path), resumably, at low priority.
+
+For a new data version made with changed collection code (e.g. the expert's move tracking, 2026-12-02): the
+committed version stays checked out and named by its ``.dvc`` file while the new one is collected; a killed run
+started again plays only the missing games (``evoharness.collect``). When it is complete, make it the new version
+on purpose: move it to the profile's ``collect.path``, ``dvc add`` that path and commit its ``.dvc`` file.
+
+    nice -n 19 python scripts/recollect.py --profile full --out runs/data-full-v2
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from evoharness.alfworld_env import list_games
+from evoharness.collect import collect
+from evoharness.config import load_profile
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--profile", default="full")
+    p.add_argument("--out", required=True, help="staging folder (its partial folder sits beside it)")
+    args = p.parse_args(argv)
+    c = load_profile(args.profile).collect
+    games = list_games(c.split, limit=c.num_games, stride=c.stride)
+    t0 = time.time()
+
+    def progress(done: int, total: int, rate: float, eta_s: float) -> None:
+        if done % 25 == 0 or done == total:
+            print(f"{time.strftime('%H:%M:%S')} collect {done}/{total} episodes, {rate:.1f} episodes/min, "
+                  f"ETA {eta_s / 60:.0f} min", flush=True)
+
+    m = collect(games, args.out, c, progress=progress)
+    print(f"{m['episodes']} episodes, {m['won']} won, {m['steps']} steps, {len(m['failed'])} failed, "
+          f"{m['resumed']} resumed, {time.time() - t0:.0f} s")
+    return m
+
+
+if __name__ == "__main__":
+    main()
