@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.metadata
 import io
 import os
 import random
@@ -93,24 +94,28 @@ def task_params_from_path(game: str) -> dict:
     return params
 
 
-EXPERT = "alfworld-0.4.2-handcoded+move-tracking"
-"""The expert that labels collected logs: ALFWorld 0.4.2's handcoded TextWorld expert with ``move`` commands tracked
-(``_tracking_moves``, from 2026-12-02). Collection manifests record it (``settings.expert``); logs without it were
-made by the expert before that fix."""
+EXPERT = f"alfworld-{importlib.metadata.version('alfworld')}-handcoded+move-tracking"
+"""The expert that labels collected logs: the installed ALFWorld's handcoded TextWorld expert (0.4.2, pinned) with
+``move`` commands tracked (``_tracking_moves``, from 2026-12-02). Collection manifests (``settings.expert``), DAgger
+settings and evaluations of ``--policy expert`` record it; logs without it were made by the expert before that fix.
+Change the suffix whenever ``_tracking_moves`` changes: the label keys resumable folders and names data versions."""
 
 
 @functools.cache
 def _tracking_moves(policy_cls: type) -> type:
-    """``policy_cls`` (an ALFWorld handcoded-expert task policy) whose state tracking sees ``move`` commands.
+    """A subclass of ``policy_cls`` (an ALFWorld handcoded-expert task policy) whose state tracking sees ``move``
+    commands; it keeps the class name and is made once per class.
 
-    ALFWorld 0.4 renamed ``put X in/on Y`` to ``move X to Y``, but ``BasePolicy.update_state_tracking``
-    (``alfworld/agents/expert/handcoded_expert.py``, 0.4.2) still looks for ``"put"`` in the last command. After a
-    ``move`` the expert believes it still holds the object. In Pick Two it then answers ``move <first object> to
-    <receptacle>`` while holding the second one: inadmissible, so ``AlfredExpert`` plans ``look`` and the episode
-    loops to the step limit (measured: 167 of 813 Pick Two episodes won in ``data-full``, against 2,591 of 2,740
-    for the other task types). The same happens after it puts back an object it should not hold. Tracking a
-    successful ``move`` as the ``put`` it replaced fixes both. Upstream: the rename is alfworld/alfworld#94; #114
-    (open) reports wrong state updates in this expert.
+    ALFWorld 0.4 renamed ``put X in/on Y`` to ``move X to Y`` (alfworld/alfworld#94), but
+    ``BasePolicy.update_state_tracking`` (``alfworld/agents/expert/handcoded_expert.py``, 0.4.2) still looks for
+    ``"put"`` in the last command. After a ``move`` the expert believes it still holds the object. In Pick Two it then
+    answers ``move <the object already placed> to <receptacle>`` while holding the second one: inadmissible, so
+    ``AlfredExpert`` plans ``look`` and the episode usually wanders to the step limit (measured: 167 of 813 Pick Two
+    episodes won in ``data-full``, against 2,591 of 2,740 for the other task types). The same happens after it puts
+    back an object it should not hold. Tracking a successful ``move`` (the base method skips "Nothing happens") as
+    the ``put`` it replaced fixes both. No ALFWorld object or receptacle name holds ``open``, ``close`` or ``take``,
+    the substrings checked before ``put``. Upstream, the open pull request alfworld/alfworld#114 reports wrong state
+    updates in this expert.
     """
 
     class Policy(policy_cls):

@@ -9,7 +9,7 @@ Output layout (a directory, versioned with ``dvc add``)::
 Determinism: every episode's randomness (the expert's tie-breaks, the perturbations) derives from
 ``CollectConfig.seed`` and the game path, and results are written in game order whatever the worker count,
 so the same games, seeds and settings give byte-identical files (hence the same DVC md5). ALFWorld's handcoded
-expert also depended on Python's string hash seed (measured 2026-12-01, before ``alfworld_env._tracking_moves``: in
+expert also depends on Python's string hash seed (measured 2026-12-01, before ``alfworld_env._tracking_moves``: in
 ``train/pick_two_obj_and_place-CellPhone-None-Shelf-320/trial_T20190908_113058_584290`` its 25th command was ``go to
 desk 2`` under ``PYTHONHASHSEED`` 0, 1 and 3 and ``take cellphone 1 from shelf 2`` under 2, 4 and 5), so the workers
 are started with it pinned (``expert_pool``). The manifest names the expert (``settings.expert``).
@@ -136,6 +136,7 @@ def _worker(args):
     records = play_expert_episode(game, CollectConfig(**cfg_dict), data_dir)
     _EPISODES_IN_WORKER += 1
     stats = {"pid": os.getpid(), "episode_in_worker": _EPISODES_IN_WORKER, "wall_s": round(time.time() - t0, 3),
+             "str_hash": hash("evoharness"),  # the same in every run only while the hash seed is pinned
              "rss_mb": round(rss_mb(), 1),
              "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
     return game, records, stats
@@ -186,7 +187,8 @@ def collect(games: list[str], out_dir: str | Path, cfg: CollectConfig, data_dir:
     every ``cfg.games_per_worker`` games (TextWorld's reset leaks). ``progress`` is called as
     ``progress(done, total, episodes_per_min, eta_s)``. Returns the manifest (episodes, steps, won, failed,
     settings) plus ``wall_s``, ``resumed`` (episodes found from an earlier run) and ``worker_stats``: per episode, in
-    completion order, the worker's pid, how many episodes it had played, the episode's wall seconds, and the worker's
+    completion order, the worker's pid, how many episodes it had played, the episode's wall seconds, its hash of a
+    fixed string (``str_hash``: the same across runs while ``expert_pool`` pins the seed), and the worker's
     resident and peak memory in MiB (not in the manifest: the logs' bytes stay independent of timing). The workers
     are spawned (``expert_pool``), so a script that calls this must do so under ``if __name__ == "__main__":``.
     """

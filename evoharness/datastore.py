@@ -184,8 +184,9 @@ def _ensure(repo: Path, cfg: CollectConfig, games: list[str], data_dir: str | No
         raise DataVersionMismatch(
             f"{dvc_file.name} names md5 {committed} but the logs regenerated with profile settings "
             f"{manifest['settings']} "
-            f"have md5 {md5}. The committed data version was made with other collection settings: run with the "
-            f"profile that made it, restore data/ from a DVC cache or remote (dvc pull), or commit a new "
+            f"have md5 {md5}. The committed data version was made with other collection settings or another "
+            f"expert (its manifest's settings.expert; none before 2026-12-02): run with the profile that made it, "
+            f"restore data/ from a DVC cache or remote (dvc pull), or commit a new "
             f"{dvc_file.name} on purpose. {dvc_file.name} was left unchanged; the regenerated logs were moved to "
             f"{aside}.")
     return {"status": "regenerated" if committed else "collected", "md5": md5, "manifest": manifest}

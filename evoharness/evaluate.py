@@ -12,7 +12,7 @@ import os
 import time
 from pathlib import Path
 
-from evoharness.alfworld_env import TASK_TYPES, ALFWorldEnv
+from evoharness.alfworld_env import EXPERT, TASK_TYPES, ALFWorldEnv
 from evoharness.config import CostConfig, EvalConfig, TraceConfig
 from evoharness.context import turn_view, with_layout
 from evoharness.harness import META_ACTIONS, ExperienceStore, Workspace
@@ -157,9 +157,12 @@ def _resumable(out: Path, identity: dict, progress) -> dict:
 def evaluation_identity(policy: str, cfg: EvalConfig, cost: CostConfig, workspace_cfg: TraceConfig | None,
                         identity: str | None = None) -> dict:
     """What ``evaluation.json`` records: the policy (``identity`` or ``policy``), settings, costs and workspace
-    layout, as they read back from JSON; an evaluation resumes only into a folder with the same."""
+    layout, and for the ``expert`` policy which expert (``alfworld_env.EXPERT``), as they read back from JSON; an
+    evaluation resumes only into a folder with the same."""
     ident = {"policy": identity or policy, "settings": cfg.identity(), "cost": dataclasses.asdict(cost),
              "workspace": dataclasses.asdict(workspace_cfg) if workspace_cfg else None}
+    if policy == "expert":
+        ident["expert"] = EXPERT
     return json.loads(json.dumps(ident))  # tuples become lists
 
 

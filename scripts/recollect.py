@@ -11,7 +11,11 @@ on purpose: move it to the profile's ``collect.path``, ``dvc add`` that path and
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evoharness.alfworld_env import list_games
 from evoharness.collect import collect
@@ -19,6 +23,11 @@ from evoharness.config import load_profile
 
 
 def main(argv: list[str] | None = None) -> dict:
+    """Collect ``--profile``'s games into ``--out`` (see module docstring); prints progress lines every 25 episodes.
+
+    Returns ``evoharness.collect.collect``'s manifest (episodes, won, steps, failed, settings, games) plus ``wall_s``,
+    ``resumed`` and ``worker_stats``. Raises FileNotFoundError when the split's games are missing, and what
+    ``load_profile`` raises for an unknown profile."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--profile", default="full")
     p.add_argument("--out", required=True, help="staging folder (its partial folder sits beside it)")

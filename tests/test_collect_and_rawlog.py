@@ -175,29 +175,28 @@ def test_truncated_and_inconsistent_episodes_are_rejected(tiny_logs):
 
 
 def test_collection_does_not_depend_on_the_callers_hash_seed(tmp_path):
-    """ALFWorld's handcoded expert depended on Python's string hash seed: in this game, before move tracking
-    (``alfworld_env._tracking_moves``), its 25th command differed between PYTHONHASHSEED 1 and 2 (measured). Collections
-    started from processes with those two seeds give the same bytes, and their workers hash strings alike, because
-    they run with the hash seed pinned (``evoharness.collect.expert_pool``)."""
+    """ALFWorld's handcoded expert depends on Python's string hash seed: in this game, before move tracking
+    (``alfworld_env._tracking_moves``), its 25th command differed between PYTHONHASHSEED 1 and 2 (measured). The
+    collection workers run with the seed pinned (``evoharness.collect.expert_pool``): collections started from
+    processes with those two seeds give the same bytes, and their workers hash a string alike (``str_hash``)."""
     import subprocess
     import sys
 
     game = "train/pick_two_obj_and_place-CellPhone-None-Shelf-320/trial_T20190908_113058_584290/game.tw-pddl"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    shards, worker_hashes = [], set()
+    shards, worker_hashes = [], []
     for seed in ("1", "2"):
         out = tmp_path / f"seed{seed}"
         script = ("import sys; sys.path[:0] = ['.', 'tests']; import dataclasses; from conftest import TINY_COLLECT; "
-                  "from evoharness.collect import collect, expert_pool\n"
-                  "if __name__ == '__main__':\n"
-                  f"    collect([{game!r}], {str(out)!r}, dataclasses.replace(TINY_COLLECT, perturb_share=0.25))\n"
-                  "    with expert_pool(1) as pool: print(pool.apply(hash, ('evoharness',)))\n")
-        (tmp_path / f"run{seed}.py").write_text(script)
-        done = subprocess.run([sys.executable, str(tmp_path / f"run{seed}.py")], cwd=root, check=True, timeout=600,
-                              env=os.environ | {"PYTHONHASHSEED": seed}, capture_output=True, text=True)
-        worker_hashes.add(done.stdout.split()[-1])
+                  "from evoharness.collect import collect; "
+                  f"m = collect([{game!r}], {str(out)!r}, dataclasses.replace(TINY_COLLECT, perturb_share=0.25)); "
+                  "print([w['str_hash'] for w in m['worker_stats']])")
+        done = subprocess.run([sys.executable, "-c", script], cwd=root, check=True, timeout=600, capture_output=True,
+                              text=True, env=os.environ | {"PYTHONHASHSEED": seed})
+        worker_hashes.append(done.stdout.strip().splitlines()[-1])
         shards.append((out / "logs" / "shard-00000.jsonl").read_text())
-    assert shards[0] == shards[1] and len(worker_hashes) == 1
+    assert shards[0] == shards[1]
+    assert worker_hashes[0] == worker_hashes[1] and worker_hashes[0].startswith("[")
     records = [json.loads(line) for line in shards[0].splitlines()]
     # with move tracking: both cellphones on shelf 1 in 20 commands (before it: lost at the 50-step limit)
     moves = [r["action"] for r in records if (r["action"] or "").startswith("move ")]
