@@ -50,9 +50,14 @@ def table(summaries: dict[str, dict]) -> str:
 
 
 def _bars(ax, summaries: dict[str, dict], groups: list[str], value) -> None:
+    import matplotlib
+
     width = 0.8 / len(summaries)
+    # matplotlib's default cycle repeats after 10 colours; tab20 keeps up to 20 policies apart
+    cmap = matplotlib.colormaps["tab20"] if len(summaries) > 10 else None
     for i, (name, s) in enumerate(summaries.items()):
-        ax.bar([g + i * width for g in range(len(groups))], [value(s, k) for k in groups], width, label=name)
+        ax.bar([g + i * width for g in range(len(groups))], [value(s, k) for k in groups], width, label=name,
+               color=cmap(i % 20) if cmap else None)
     ax.set_xticks([g + width * (len(summaries) - 1) / 2 for g in range(len(groups))], groups)
 
 
@@ -71,7 +76,7 @@ def figure(summaries: dict[str, dict], histories: dict[str, list[dict]] | None =
     first = next(iter(summaries.values()))
     _bars(axes[0], summaries, [*TYPES, "All"],
           lambda s, k: 100 * (s["success_rate"] if k == "All" else s["success_by_task_type"].get(k, 0.0)))
-    axes[0].set_ylabel("success %"), axes[0].set_ylim(0, 100), axes[0].legend(loc="upper left", fontsize=8)
+    axes[0].set_ylabel("success %"), axes[0].set_ylim(0, 100)
     axes[0].set_title(f"{first['split']}: {first['episodes']} games")
     extra = {"malformed": "malformed_per_episode", "rejected": "rejected_turns_per_episode"}
     _bars(axes[1], summaries, [*META, *extra],
@@ -84,7 +89,9 @@ def figure(summaries: dict[str, dict], histories: dict[str, list[dict]] | None =
             axes[3].plot([x["step"] for x in h], [x["meta_actions"] for x in h], marker="o", label=name)
         axes[3].set_xlabel("GRPO step"), axes[3].set_title("meta-actions / episode in rollouts")
         axes[3].legend(fontsize=8)
-    fig.tight_layout()
+    rows = -(-len(summaries) // 6)  # the policies' legend below the panels, 6 to a row, over no bar
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=min(len(summaries), 6), fontsize=8)
+    fig.tight_layout(rect=(0, 0.06 * rows, 1, 1))
     return fig
 
 
