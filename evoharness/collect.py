@@ -31,7 +31,7 @@ import signal
 import time
 from pathlib import Path
 
-from evoharness.alfworld_env import EXPERT, ALFWorldEnv, task_type_of
+from evoharness.alfworld_env import EXPERT, ALFWorldEnv, list_games, task_type_of
 from evoharness.config import CollectConfig
 
 
@@ -162,6 +162,12 @@ def expert_pool(processes: int, **pool_kwargs):
             os.environ.pop("PYTHONHASHSEED", None)
         else:
             os.environ["PYTHONHASHSEED"] = before
+
+
+def profile_games(cfg: CollectConfig, data_dir: str | None = None) -> list[str]:
+    """The games a collection with ``cfg`` plays: ``cfg.split`` sorted by path, every ``cfg.stride``-th, the first
+    ``cfg.num_games`` (0: all). Raises FileNotFoundError when the split's games are missing."""
+    return list_games(cfg.split, limit=cfg.num_games, stride=cfg.stride, data_dir=data_dir)
 
 
 def log_settings(cfg: CollectConfig) -> dict:

@@ -17,8 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from evoharness.alfworld_env import list_games
-from evoharness.collect import collect
+from evoharness.collect import collect, profile_games
 from evoharness.config import load_profile
 
 
@@ -33,7 +32,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", required=True, help="staging folder (its partial folder sits beside it)")
     args = p.parse_args(argv)
     c = load_profile(args.profile).collect
-    games = list_games(c.split, limit=c.num_games, stride=c.stride)
+    games = profile_games(c)
     t0 = time.time()
 
     def progress(done: int, total: int, rate: float, eta_s: float) -> None:

@@ -12,6 +12,7 @@ from prefect.cache_policies import NO_CACHE
 
 from evoharness import datastore, rawlog
 from evoharness.alfworld_env import list_games
+from evoharness.collect import profile_games
 from evoharness.config import PipelineConfig
 from evoharness.plots import memory_figure
 from evoharness.tracking import start_run
@@ -31,7 +32,7 @@ def collect_task(cfg: PipelineConfig, repo: str, parent_run_id: str) -> dict:
     regenerate), push them to the default DVC remote, and log the collection's figures (episodes/min, worker memory)."""
     log = get_run_logger()
     c = cfg.collect
-    games = list_games(c.split, limit=c.num_games, stride=c.stride)
+    games = profile_games(c)
     with start_run("collect", parent_run_id):
         mlflow.log_params({f"collect.{k}": v for k, v in c.__dict__.items()})
         out = datastore.ensure_data(
