@@ -129,6 +129,24 @@ def rss_mb() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _failed(saved: Path) -> bool:
+    """Whether a saved episode ended in an error (``play_expert_episode``): a rerun plays it again, since a stall
+    past ``episode_timeout_s`` mostly means a loaded machine, not a bad game (2026-12-02: 185 of 1,850 episodes,
+    collected beside two training runs, timed out; none did alone)."""
+    s = json.loads(saved.read_text())
+    records = s["records"] if isinstance(s, dict) else s
+    return "error" in records[-1]
+
+
+def _import_env() -> None:
+    """Pool initializer: import TextWorld and ALFWorld before any episode's alarm is set. An alarm that fired during
+    their first import left ``textworld`` half-initialized, and every later episode in that worker failed at once
+    (``partially initialized module 'textworld'``)."""
+    import textworld.gym  # noqa: F401
+    from alfworld.agents.environment import alfred_tw_env  # noqa: F401
+    from alfworld.agents.expert import handcoded_expert_tw  # noqa: F401
+
+
 def _worker(args):
     global _EPISODES_IN_WORKER
     game, cfg_dict, data_dir = args
@@ -188,8 +206,9 @@ def collect(games: list[str], out_dir: str | Path, cfg: CollectConfig, data_dir:
     """Play ``games`` and write ``out_dir/logs/shard-*.jsonl`` plus ``out_dir/manifest.json``.
 
     Each finished episode is first written to ``partial_dir`` (one file per game, renamed into place when
-    complete), so a killed collection rerun with the same settings plays only the games still missing, and no
-    episode is duplicated or lost; the partial folder is removed once the shards are written. Workers are recycled
+    complete), so a killed collection rerun with the same settings plays only the games still missing or failed
+    (``_failed``: an error on the last record, e.g. a stall past ``cfg.episode_timeout_s``), and no episode is
+    duplicated or lost; the partial folder is removed once the shards are written. Workers are recycled
     every ``cfg.games_per_worker`` games (TextWorld's reset leaks). ``progress`` is called as
     ``progress(done, total, episodes_per_min, eta_s)``. Returns the manifest (episodes, steps, won, failed,
     settings) plus ``wall_s``, ``resumed`` (episodes found from an earlier run) and ``worker_stats``: per episode, in
@@ -202,7 +221,7 @@ def collect(games: list[str], out_dir: str | Path, cfg: CollectConfig, data_dir:
     partial = partial_dir(out, cfg)
     partial.mkdir(parents=True, exist_ok=True)
     name = {g: f"{i:06d}.json" for i, g in enumerate(games)}
-    done = {g for g in games if (partial / name[g]).exists()}
+    done = {g for g in games if (partial / name[g]).exists() and not _failed(partial / name[g])}
     todo = [g for g in games if g not in done]
     workers = cfg.workers or mp.cpu_count()
     t0 = time.time()
@@ -210,7 +229,8 @@ def collect(games: list[str], out_dir: str | Path, cfg: CollectConfig, data_dir:
     finished = 0
     if jobs:
         # spawned workers start with default signal handlers: Prefect's SIGTERM handler is not inherited
-        with expert_pool(min(workers, len(jobs)), maxtasksperchild=cfg.games_per_worker) as pool:
+        with expert_pool(min(workers, len(jobs)), initializer=_import_env,
+                         maxtasksperchild=cfg.games_per_worker) as pool:
             for game, records, stats in pool.imap_unordered(_worker, jobs):
                 tmp = partial / (name[game] + ".tmp")
                 tmp.write_text(json.dumps({"records": records, "worker": stats | {"order": len(done) + finished}},

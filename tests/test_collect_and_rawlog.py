@@ -134,6 +134,29 @@ def test_killed_collection_resumes_without_duplicates_or_losses(tmp_path, tiny_g
     assert not partial.exists()
 
 
+def test_a_rerun_plays_again_an_episode_that_failed_and_keeps_the_rest(tmp_path, tiny_games, tiny_logs):
+    """An episode saved with an error (here a stall past the timeout, as a loaded machine gives) is played again by
+    the rerun; the others are kept as saved. The logs then equal an uninterrupted collection's, and none failed."""
+    from evoharness.collect import partial_dir
+
+    ref, _ = tiny_logs
+    lines = (ref / "logs" / "shard-00000.jsonl").read_text().splitlines()
+    episodes = parse_lines(lines, "shard-00000.jsonl")
+    assert [e.records[0]["game"] for e in episodes] == tiny_games
+    out = tmp_path / "data"
+    partial = partial_dir(out, TINY_COLLECT)
+    partial.mkdir(parents=True)
+    for i, e in enumerate(episodes):
+        records = [dict(r) for r in e.records]
+        if i == 0:  # cut short by the alarm after two steps
+            records = records[:3]
+            records[-1].update(done=True, won=False, error="expert stalled past 120.0s")
+        (partial / f"{i:06d}.json").write_text(json.dumps({"records": records, "worker": {"order": i}}))
+    manifest = collect(tiny_games, out, TINY_COLLECT)
+    assert manifest["resumed"] == 2 and manifest["failed"] == []
+    assert (out / "logs" / "shard-00000.jsonl").read_bytes() == (ref / "logs" / "shard-00000.jsonl").read_bytes()
+
+
 def test_quarantine_keeps_good_episodes_and_accounts_for_every_bad_line(tiny_logs):
     out, _ = tiny_logs
     lines = (out / "logs" / "shard-00000.jsonl").read_text().splitlines()
