@@ -133,9 +133,12 @@ def _failed(saved: Path) -> bool:
     """Whether a saved episode ended in an error (``play_expert_episode``): a rerun plays it again, since a stall
     past ``episode_timeout_s`` mostly means a loaded machine, not a bad game (2026-12-02: 185 of 1,850 episodes,
     collected beside two training runs, timed out; none did alone)."""
-    s = json.loads(saved.read_text())
-    records = s["records"] if isinstance(s, dict) else s
-    return "error" in records[-1]
+    return "error" in _saved_records(json.loads(saved.read_text()))[-1]
+
+
+def _saved_records(saved: dict | list) -> list[dict]:
+    """A saved episode's records: ``{"records", "worker"}``, or a bare list (written before worker stats)."""
+    return saved["records"] if isinstance(saved, dict) else saved
 
 
 def _import_env() -> None:
@@ -241,7 +244,7 @@ def collect(games: list[str], out_dir: str | Path, cfg: CollectConfig, data_dir:
                     rate = finished / max(time.time() - t0, 1e-9) * 60
                     progress(len(done) + finished, len(games), rate, (len(todo) - finished) / max(rate / 60, 1e-9))
     saved = [json.loads((partial / name[g]).read_text()) for g in games]
-    ordered = [s["records"] if isinstance(s, dict) else s for s in saved]  # a list: written before worker stats
+    ordered = [_saved_records(s) for s in saved]
     workers_stats = sorted((s["worker"] for s in saved if isinstance(s, dict)), key=lambda w: w["order"])
     (out / "logs").mkdir(parents=True, exist_ok=True)
     for shard, start in enumerate(range(0, len(ordered), cfg.shard_size)):
