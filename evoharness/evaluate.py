@@ -72,7 +72,11 @@ def spread(games: list[str], limit: int) -> list[str]:
 
 def summarize(results, split: str, games_total: int) -> dict:
     """Success rate overall and by task type; mean steps, meta-actions (by type), generated tokens and grounded
-    track names (``ground_track``; None when a kept episode predates the count) per episode."""
+    track names (``ground_track``; None when a kept episode predates the count) per episode.
+
+    ``won_by_game`` maps each game (its path relative to ``json_2.1.1``) to ALFWorld's ``won``, so that two
+    evaluations on the same games can be compared paired (``scripts/paired_test.py``) from their summaries alone,
+    after the run folders with the transcripts are gone."""
     n = max(len(results), 1)
     by_type: dict[str, list[bool]] = {}
     meta_by_type: dict[str, list[dict]] = {}
@@ -102,6 +106,7 @@ def summarize(results, split: str, games_total: int) -> dict:
                                        else sum(r.grounded_names for r in results) / n),
         "mean_reward": sum(r.reward for r in results) / n,
         "errors": [f"{r.game}: {r.error}" for r in results if r.error],
+        "won_by_game": {r.game: bool(r.won) for r in results},
         "environment_failures": sum(environment_failed(r.error) for r in results),
     }
 

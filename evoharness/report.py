@@ -10,7 +10,7 @@ from evoharness.harness import META_ACTIONS
 EVAL_KEYS = ("split", "episodes", "games_in_split", "success_rate", "success_by_task_type", "episodes_by_task_type",
              "mean_steps", "meta_actions_per_episode", "meta_actions_by_task_type", "generated_tokens_per_episode",
              "cost_per_episode", "cost_per_episode_by_type", "malformed_per_episode", "rejected_turns_per_episode",
-             "remapped_per_episode", "errors")
+             "remapped_per_episode", "errors", "won_by_game")
 
 
 def pipeline_summary(ev: dict, parent_ev: dict, model: dict, grpo: dict, sft: dict, traces: dict, data: dict,

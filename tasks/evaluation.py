@@ -64,7 +64,7 @@ def evaluate_task(
             workspace_cfg=workspace_cfg,
             identity=model_uri or policy,
         )
-        mlflow.log_metrics(flat("", {k: v for k, v in summary.items() if k != "errors"}))
+        mlflow.log_metrics(flat("", {k: v for k, v in summary.items() if k not in ("errors", "won_by_game")}))
         mlflow.log_dict(summary | {"games": games}, "summary.json")
         mlflow.log_artifact(str(out / "transcripts.jsonl"))
         summary["mlflow_run_id"] = run.info.run_id

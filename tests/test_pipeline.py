@@ -43,6 +43,10 @@ def test_pipeline_summary(first_run, pipeline_repo):
     s = first_run
     assert s["episodes"] == 2 and s["games_in_split"] == 140 and s["split"] == "valid_seen"
     assert 0.0 <= s["success_rate"] <= 1.0
+    # each evaluated game's outcome, for paired tests from the summary alone (scripts/paired_test.py)
+    assert len(s["won_by_game"]) == 2 and all(g.startswith("valid_seen/") for g in s["won_by_game"])
+    assert sum(s["won_by_game"].values()) / 2 == s["success_rate"]
+    assert set(s["parent_evaluation"]["won_by_game"]) == set(s["won_by_game"])  # the SFT policy, the same games
     assert set(s["stage_wall_s"]) == {"collect", "ingest", "build_traces", "sft", "grpo", "register", "evaluate",
                                       "promote"}
     assert not any(s["stage_cached"].values())
