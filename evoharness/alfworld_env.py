@@ -101,6 +101,16 @@ settings and evaluations of ``--policy expert`` record it; logs without it were 
 Change the suffix whenever ``_tracking_moves`` changes: the label keys resumable folders and names data versions."""
 
 
+def import_environment() -> None:
+    """Import TextWorld and ALFWorld (the modules an episode loads), e.g. as a worker pool's initializer, before
+    any episode's alarm (``evoharness.collect``'s per-episode ``setitimer``) is set. An alarm that fired during
+    their first import left ``textworld`` half-initialized, and every later episode in that worker failed at once
+    (``partially initialized module 'textworld'``; seen in collection, 2026-12-02)."""
+    import textworld.gym  # noqa: F401
+    from alfworld.agents.environment import alfred_tw_env  # noqa: F401
+    from alfworld.agents.expert import handcoded_expert_tw  # noqa: F401
+
+
 @functools.cache
 def _tracking_moves(policy_cls: type) -> type:
     """A subclass of ``policy_cls`` (an ALFWorld handcoded-expert task policy) whose state tracking sees ``move``

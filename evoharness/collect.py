@@ -31,7 +31,7 @@ import signal
 import time
 from pathlib import Path
 
-from evoharness.alfworld_env import EXPERT, ALFWorldEnv, list_games, task_type_of
+from evoharness.alfworld_env import EXPERT, ALFWorldEnv, import_environment, list_games, task_type_of
 from evoharness.config import CollectConfig
 
 
@@ -141,15 +141,6 @@ def _saved_records(saved: dict | list) -> list[dict]:
     return saved["records"] if isinstance(saved, dict) else saved
 
 
-def _import_env() -> None:
-    """Pool initializer: import TextWorld and ALFWorld before any episode's alarm is set. An alarm that fired during
-    their first import left ``textworld`` half-initialized, and every later episode in that worker failed at once
-    (``partially initialized module 'textworld'``)."""
-    import textworld.gym  # noqa: F401
-    from alfworld.agents.environment import alfred_tw_env  # noqa: F401
-    from alfworld.agents.expert import handcoded_expert_tw  # noqa: F401
-
-
 def _worker(args):
     global _EPISODES_IN_WORKER
     game, cfg_dict, data_dir = args
@@ -232,7 +223,7 @@ def collect(games: list[str], out_dir: str | Path, cfg: CollectConfig, data_dir:
     finished = 0
     if jobs:
         # spawned workers start with default signal handlers: Prefect's SIGTERM handler is not inherited
-        with expert_pool(min(workers, len(jobs)), initializer=_import_env,
+        with expert_pool(min(workers, len(jobs)), initializer=import_environment,
                          maxtasksperchild=cfg.games_per_worker) as pool:
             for game, records, stats in pool.imap_unordered(_worker, jobs):
                 tmp = partial / (name[game] + ".tmp")
