@@ -22,6 +22,27 @@ def load_episode(path: str | Path, index: int = 0) -> dict:
     return json.loads(lines[index])
 
 
+def load_episodes(path: str | Path) -> list[dict]:
+    """Every episode of a transcripts JSONL file (one JSON object per line; blank lines skipped).
+
+    Raises FileNotFoundError when it is missing, ValueError naming the file and line when a line is not JSON, and
+    ValueError when it holds no episode."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{path}: no such transcript file (evaluation writes runs/eval/<run>/<name>/"
+                                f"transcripts.jsonl)")
+    episodes = []
+    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                episodes.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}, line {i}: not JSON ({e.msg}); is this an evaluation's "
+                                 "transcripts.jsonl?") from e
+    if not episodes:
+        raise ValueError(f"{path}: no episodes")
+    return episodes
+
+
 def format_table(episode: dict, width: int = 60) -> str:
     """Turn, tool, arguments, result, cost and the workspace after each turn, as fixed-width text."""
     head = (f"game {episode['game']}  won={episode['won']}  env steps={episode['env_steps']}  "

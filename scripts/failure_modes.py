@@ -25,13 +25,13 @@ The object type comes from the ALFWorld game folder name; episodes of games name
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from evoharness.transcript import load_episodes  # noqa: E402
 
 LOOP_WINDOW = 10
 LOOP_DISTINCT = 3
@@ -108,17 +108,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="the evaluation's environment step budget (evaluate.max_env_steps: 50 in the full profile)")
     p.add_argument("--out", default=None, help="also write the table as Markdown here")
     a = p.parse_args(argv)
-    episodes = []
-    for i, line in enumerate(Path(a.transcripts).read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                episodes.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                print(f"{a.transcripts}:{i}: not JSON ({e.msg}); is this an evaluation's transcripts.jsonl?",
-                      file=sys.stderr)
-                return 2
-    if not episodes:
-        print(f"{a.transcripts}: no episodes", file=sys.stderr)
+    try:
+        episodes = load_episodes(a.transcripts)
+    except (ValueError, FileNotFoundError) as e:
+        print(e, file=sys.stderr)
         return 2
     rows = failure_table(episodes, a.max_env_steps)
     width = max(len(k) for k, _ in rows)

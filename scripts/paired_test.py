@@ -19,6 +19,9 @@ from pathlib import Path
 
 from scipy.stats import binomtest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from evoharness.transcript import load_episodes  # noqa: E402
+
 
 def load_outcomes(path: str | Path) -> dict[str, bool]:
     """``{game: won}`` from a summary JSON (``won_by_game``) or a ``transcripts.jsonl``.
@@ -38,20 +41,11 @@ def load_outcomes(path: str | Path) -> dict[str, bool]:
             return {doc["game"]: bool(doc["won"])}
         raise ValueError(f"{path}: a summary without 'won_by_game' (written before 2026-12-02?); "
                          "compare that run's transcripts.jsonl instead, or evaluate again")
-    outcomes: dict[str, bool] = {}
-    for i, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}, line {i}: not JSON ({e.msg}); expected a summary or a transcripts.jsonl") from e
+    episodes = load_episodes(path)
+    for i, row in enumerate(episodes, 1):
         if not isinstance(row, dict) or "game" not in row or "won" not in row:
-            raise ValueError(f"{path}, line {i}: no 'game' and 'won' fields; expected a transcripts.jsonl row")
-        outcomes[row["game"]] = bool(row["won"])
-    if not outcomes:
-        raise ValueError(f"{path}: no episodes")
-    return outcomes
+            raise ValueError(f"{path}, episode {i}: no 'game' and 'won' fields; expected a transcripts.jsonl row")
+    return {row["game"]: bool(row["won"]) for row in episodes}
 
 
 def mcnemar_exact(a: dict[str, bool], b: dict[str, bool]) -> dict:
