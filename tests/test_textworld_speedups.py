@@ -1,0 +1,86 @@
+"""TextWorld speed-ups (``evoharness.textworld_speedups``): real games play the same with and without them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from evoharness import textworld_speedups as speedups
+from evoharness.alfworld_env import TASK_TYPES, games_root, list_games, task_type_of
+from evoharness.collect import play_expert_episode
+from evoharness.config import CollectConfig
+
+
+@pytest.fixture
+def shipped_then_restored(monkeypatch):
+    """TextWorld as shipped for the test body; the speed-ups back in place after it (other tests install them)."""
+    speedups.uninstall()
+    monkeypatch.setenv(speedups.ENV_VAR, "0")
+    yield
+    speedups.uninstall()
+    monkeypatch.setenv(speedups.ENV_VAR, "1")
+    speedups.install()
+
+
+def _one_game_per_type(types: tuple[str, ...]) -> list[str]:
+    picked: dict[str, str] = {}
+    for game in list_games("train", stride=37):
+        picked.setdefault(TASK_TYPES[task_type_of(game)], game)
+    return [picked[t] for t in types]
+
+
+def test_expert_episodes_identical_with_and_without_speedups(shipped_then_restored, monkeypatch):
+    """Every record of real expert episodes (observations, admissible commands, actions, reward, won), with random
+    and invalid commands mixed in, is the same as shipped; and the speed-ups really ran (counters moved)."""
+    games = _one_game_per_type(("Look", "Clean", "Pick Two"))
+    cfg = dataclasses.replace(CollectConfig(), perturb_share=1.0, max_steps=30)
+    assert speedups.install() is False  # disabled by the environment variable
+    shipped = [play_expert_episode(g, cfg) for g in games]
+    assert not speedups.installed()
+
+    monkeypatch.setenv(speedups.ENV_VAR, "1")
+    before = speedups.stats()
+    assert speedups.install() is True
+    patched = [play_expert_episode(g, cfg) for g in games]
+    after = speedups.stats()
+
+    assert [len(e) for e in patched] == [len(e) for e in shipped]
+    assert sum(len(e) for e in shipped) > 30
+    assert any(r["action_source"] == "invalid" for e in shipped for r in e)
+    for ep_shipped, ep_patched in zip(shipped, patched):
+        assert ep_patched == ep_shipped
+    assert after["state_reused"] - before["state_reused"] == len(games)
+    assert after["parse_hits"] - before["parse_hits"] > after["parse_misses"] - before["parse_misses"] > 0
+
+
+def test_second_reset_starts_the_game_again(shipped_then_restored, monkeypatch):
+    """Only the first ``reset`` after ``load`` reuses its state: a later ``reset`` of the same game without a new
+    ``load`` (TextWorld's gym environment always loads first, a direct ``PddlEnv`` user need not) starts from the
+    initial state again, not from the state the episode left."""
+    import textworld
+    from textworld.envs.pddl import PddlEnv
+
+    monkeypatch.setenv(speedups.ENV_VAR, "1")
+    assert speedups.install()
+    (game,) = _one_game_per_type(("Pick",))
+    env = PddlEnv(textworld.EnvInfos(admissible_commands=True))
+    env.load(str(games_root() / game))
+    first = env.reset()
+    start = (first.feedback, first["admissible_commands"])
+    state = first
+    for _ in range(3):
+        state, _, _ = env.step(next(c for c in state["admissible_commands"] if c.startswith("go to ")))
+    assert state["admissible_commands"] != start[1]  # the episode moved
+    again = env.reset()
+    assert (again.feedback, again["admissible_commands"]) == start
+    assert speedups.stats()["state_reused"] >= 1
+
+
+def test_other_textworld_versions_are_left_as_shipped(shipped_then_restored, monkeypatch):
+    import textworld
+
+    monkeypatch.setenv(speedups.ENV_VAR, "1")
+    monkeypatch.setattr(textworld, "__version__", "1.7.1")
+    assert speedups.install() is False
+    assert not speedups.installed()
