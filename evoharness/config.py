@@ -207,7 +207,8 @@ class SFTStageConfig(TrainingRuntime):
 
     Large pretrained models (``model.path``, e.g. ``Qwen/Qwen3-8B`` on GPUs) are set up here, not in code:
     ``model_dtype`` (the weights' dtype when loaded: ``bfloat16`` on GPUs), ``bf16`` (mixed precision; on CPUs with
-    AVX512-BF16 it is autocast), ``gradient_checkpointing``, and LoRA through peft when ``lora_r`` > 0 (TRL's
+    AVX512-BF16 or AMX it is autocast, on other CPUs the run trains in fp32 and records why:
+    ``evoharness.sft.training_precision``), ``gradient_checkpointing``, and LoRA through peft when ``lora_r`` > 0 (TRL's
     ``SFTTrainer(peft_config=LoraConfig(...))``; the adapter is merged into the saved final model so later stages load
     a plain model folder). ``accelerate_config``: the Accelerate config file (empty: ``accelerate/cpu_<n>proc.yaml``
     for ``num_processes``; ``accelerate/fsdp_gpu.yaml`` for multi-GPU FSDP).

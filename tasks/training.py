@@ -113,6 +113,7 @@ def sft_task(cfg: PipelineConfig, traces: dict, work_dir: str, parent_run_id: st
             }
         )
         mlflow.set_tags({f"layout.{k}": v for k, v in layout_of(cfg.traces).items()})
+        mlflow.set_tag("sft.precision", result.get("precision", ""))
         result["run_id"] = run.info.run_id
         result["base_model"] = cfg.model.path or "embedded-default"
     get_run_logger().info(f"sft: {result['global_step']} steps, loss {result['first_loss']} -> {result['last_loss']}")

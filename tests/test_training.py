@@ -78,3 +78,31 @@ def test_sft_two_cpu_processes_run_ddp_with_world_size_2(tmp_path, traces, base_
             "sft": dataclasses.asdict(SFTStageConfig(max_steps=1, per_device_train_batch_size=1, num_processes=2))}
     result = accelerate_launch("evoharness.sft", spec, tmp_path, num_processes=2)
     assert result["world_size"] == 2 and result["global_step"] == 1
+
+
+@pytest.mark.parametrize("avx512_bf16, amx, expected", [(True, False, True), (False, True, True), (False, False, False)])
+def test_bf16_only_where_the_cpu_computes_it(monkeypatch, avx512_bf16, amx, expected):
+    """``sft.bf16`` trains in bf16 on a CPU with AVX512-BF16 or AMX; elsewhere in fp32, with the reason recorded
+    (emulated bf16 ran 23 times slower than fp32 on this project's AVX2 machines)."""
+    import torch
+
+    from evoharness.sft import training_precision
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    use_bf16, reason = training_precision(True)
+    assert use_bf16 is expected
+    assert reason.startswith("bf16 (CPU autocast" if expected else "fp32: bf16 asked, but this CPU")
+    assert training_precision(False) == (False, "fp32 (config: bf16 false)")
+
+
+def test_sft_records_its_precision(tmp_path, traces, base_model):
+    """A run asking for bf16 on this machine's CPU records what it trained in (``precision``), bf16 or fp32."""
+    from evoharness.sft import training_precision
+
+    spec = {"model_path": base_model, "train_file": str(traces / "train.jsonl"), "output_dir": str(tmp_path),
+            "sft": dataclasses.asdict(SFTStageConfig(max_steps=1, per_device_train_batch_size=1, bf16=True))}
+    result = accelerate_launch("evoharness.sft", spec, tmp_path, num_processes=1)
+    assert result["global_step"] == 1
+    assert result["precision"] == training_precision(True)[1]
