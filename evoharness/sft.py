@@ -46,8 +46,8 @@ def training_precision(bf16: bool) -> tuple[bool, str]:
         if torch.cuda.is_bf16_supported():
             return True, "bf16 (CUDA)"
         return False, "fp32: bf16 asked, but this GPU does not support it"
-    cpu = getattr(torch, "cpu", None)
-    native = any(getattr(cpu, name, lambda: False)() for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    native = any(getattr(torch.cpu, name, lambda: False)() for name in checks)
     if native:
         return True, "bf16 (CPU autocast, AVX512-BF16/AMX)"
     capability = torch.backends.cpu.get_cpu_capability()

@@ -80,7 +80,8 @@ def test_sft_two_cpu_processes_run_ddp_with_world_size_2(tmp_path, traces, base_
     assert result["world_size"] == 2 and result["global_step"] == 1
 
 
-@pytest.mark.parametrize("avx512_bf16, amx, expected", [(True, False, True), (False, True, True), (False, False, False)])
+@pytest.mark.parametrize("avx512_bf16, amx, expected",
+                         [(True, False, True), (False, True, True), (False, False, False)])
 def test_bf16_only_where_the_cpu_computes_it(monkeypatch, avx512_bf16, amx, expected):
     """``sft.bf16`` trains in bf16 on a CPU with AVX512-BF16 or AMX; elsewhere in fp32, with the reason recorded
     (emulated bf16 ran 23 times slower than fp32 on this project's AVX2 machines)."""
