@@ -43,9 +43,9 @@ def training_precision(bf16: bool) -> tuple[bool, str]:
     if not bf16:
         return False, "fp32 (config: bf16 false)"
     if torch.cuda.is_available():
-        if torch.cuda.is_bf16_supported():
+        if torch.cuda.is_bf16_supported(including_emulation=False):
             return True, "bf16 (CUDA)"
-        return False, "fp32: bf16 asked, but this GPU does not support it"
+        return False, "fp32: bf16 asked, but this GPU has no native bf16 (before Ampere)"
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     native = any(getattr(torch.cpu, name, lambda: False)() for name in checks)
     if native:
@@ -79,6 +79,8 @@ def train_sft(model_path: str, train_file: str, output_dir: str, cfg: SFTStageCo
 
     model, tokenizer = load_policy(model_path, dtype=cfg.model_dtype)
     use_bf16, precision = training_precision(cfg.bf16)
+    if cfg.model_dtype != "float32":
+        precision += f"; weights in {cfg.model_dtype}"
     if cfg.bf16 and not use_bf16 and int(os.environ.get("RANK", "0")) == 0:
         print(f"evoharness.sft: {precision}; training in fp32", flush=True)
     peft_config = lora_config(cfg)

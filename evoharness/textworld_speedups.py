@@ -6,6 +6,7 @@ Collection spends most of its time inside TextWorld, not in the expert (py-spy o
    fast-downward translations of the PDDL problem) only to read the entity names, and ``PddlEnv.reset`` builds it
    again from the same inputs (57 % of a worker's time was in ``reset``). The patched ``reset`` hands the untouched
    state from ``load`` to its first call; every later ``reset`` of the same game builds a fresh one as shipped.
+   The hand-over goes through a thread-local slot, never a swapped module global.
 2. **Each grammar and logic expression is parsed once per process.** ``ContextSensitiveGrammar.derive`` parses the
    same command templates and feedback rules with tatsu at every step, and ``Rule.parse_conjunctive_query`` the
    same rule conditions (25 % and 11 % of a worker's time with 1. in place). The patched
@@ -28,6 +29,7 @@ import copy
 import functools
 import os
 import sys
+import threading
 from collections import OrderedDict
 
 TEXTWORLD_VERSION = "1.7.0"
@@ -37,6 +39,8 @@ _PARSERS = ("textworld.envs.pddl.textgen", "textworld.logic")
 
 _originals: dict[tuple[object, str], object] = {}
 _stats = {"state_reused": 0, "parse_hits": 0, "parse_misses": 0}
+_handoff = threading.local()  # the state a patched reset hands to its own PddlState(...) call, in its own thread
+_MISSING = object()
 
 
 def enabled() -> bool:
@@ -69,8 +73,10 @@ def install() -> bool:
     import textworld.envs.pddl.pddl as pddl
 
     env_cls = pddl.PddlEnv
+    _patch(pddl.pddl_logic, "PddlState", _state_factory(pddl.pddl_logic.PddlState))
     _patch(env_cls, "load", _load(env_cls.load))
     _patch(env_cls, "reset", _reset(env_cls.reset))
+    _patch(env_cls, "step", _step(env_cls.step))
     for name in _PARSERS:
         module = sys.modules.get(name) or __import__(name, fromlist=["_parse_and_convert"])
         _patch(module, "_parse_and_convert", _memoized(module._parse_and_convert))
@@ -89,13 +95,39 @@ def _patch(owner, attr: str, replacement) -> None:
     setattr(owner, attr, replacement)
 
 
+def _state_factory(state_cls):
+    """``PddlState(...)`` as ``pddl.py`` calls it: the state a patched ``reset`` handed over in this thread, once,
+    else a new one. Thread-local, so a reset abandoned in a timed-out thread (``evoharness.timeouts``) cannot hand
+    its state to another thread's ``load``."""
+
+    @functools.wraps(state_cls, updated=())
+    def PddlState(*args, **kwargs):  # noqa: N802 - stands in for the class
+        state = getattr(_handoff, "state", None)
+        if state is not None:
+            _handoff.state = None
+            return state
+        return state_cls(*args, **kwargs)
+
+    return PddlState
+
+
 def _load(original):
     @functools.wraps(original)
     def load(self, *args, **kwargs):
+        self.__dict__.pop("_evoharness_loaded_state", None)  # a load that raises leaves nothing to reuse
         original(self, *args, **kwargs)
         self._evoharness_loaded_state = self._pddl_state
 
     return load
+
+
+def _step(original):
+    @functools.wraps(original)
+    def step(self, *args, **kwargs):
+        self.__dict__.pop("_evoharness_loaded_state", None)  # a step may change load's state: reset rebuilds it
+        return original(self, *args, **kwargs)
+
+    return step
 
 
 def _reset(original):
@@ -104,14 +136,11 @@ def _reset(original):
         state = self.__dict__.pop("_evoharness_loaded_state", None)
         if state is None or state is not self._pddl_state:
             return original(self)
-        # The shipped reset's one construction (pddl.py: ``pddl_logic.PddlState(...)``) gets load's state instead.
-        logic = sys.modules["textworld.envs.pddl.logic"]
-        state_cls = logic.PddlState
-        logic.PddlState = lambda *_args, **_kwargs: state
+        _handoff.state = state  # taken by the shipped reset's one PddlState(...) call (pddl.py)
         try:
             result = original(self)
         finally:
-            logic.PddlState = state_cls
+            _handoff.state = None
         _stats["state_reused"] += 1
         return result
 
@@ -128,14 +157,14 @@ def _memoized(original):
             hash(key)
         except TypeError:
             return original(*args, **kwargs)
-        if key in cache:
-            cache.move_to_end(key)
-            _stats["parse_hits"] += 1
-        else:
-            cache[key] = original(*args, **kwargs)
+        parsed = cache.get(key, _MISSING)
+        if parsed is _MISSING:
+            parsed = cache[key] = original(*args, **kwargs)
             _stats["parse_misses"] += 1
             if len(cache) > PARSE_CACHE_SIZE:
                 cache.popitem(last=False)
-        return copy.deepcopy(cache[key])
+        else:
+            _stats["parse_hits"] += 1
+        return copy.deepcopy(parsed)
 
     return parse_and_convert

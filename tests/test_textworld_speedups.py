@@ -13,14 +13,17 @@ from evoharness.config import CollectConfig
 
 
 @pytest.fixture
-def shipped_then_restored(monkeypatch):
-    """TextWorld as shipped for the test body; the speed-ups back in place after it (other tests install them)."""
+def shipped_then_restored():
+    """TextWorld as shipped for the test body (yields a MonkeyPatch undone before the teardown); afterwards the
+    speed-ups as they were before the test (other tests, and a run with them off, rely on that)."""
+    was_installed = speedups.installed()
     speedups.uninstall()
-    monkeypatch.setenv(speedups.ENV_VAR, "0")
-    yield
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(speedups.ENV_VAR, "0")
+        yield mp
     speedups.uninstall()
-    monkeypatch.setenv(speedups.ENV_VAR, "1")
-    speedups.install()
+    if was_installed:
+        speedups.install()
 
 
 def _one_game_per_type(types: tuple[str, ...]) -> list[str]:
@@ -30,7 +33,7 @@ def _one_game_per_type(types: tuple[str, ...]) -> list[str]:
     return [picked[t] for t in types]
 
 
-def test_expert_episodes_identical_with_and_without_speedups(shipped_then_restored, monkeypatch):
+def test_expert_episodes_identical_with_and_without_speedups(shipped_then_restored):
     """Every record of real expert episodes (observations, admissible commands, actions, reward, won), with random
     and invalid commands mixed in, is the same as shipped; and the speed-ups really ran (counters moved)."""
     games = _one_game_per_type(("Look", "Clean", "Pick Two"))
@@ -39,7 +42,7 @@ def test_expert_episodes_identical_with_and_without_speedups(shipped_then_restor
     shipped = [play_expert_episode(g, cfg) for g in games]
     assert not speedups.installed()
 
-    monkeypatch.setenv(speedups.ENV_VAR, "1")
+    shipped_then_restored.setenv(speedups.ENV_VAR, "1")
     before = speedups.stats()
     assert speedups.install() is True
     patched = [play_expert_episode(g, cfg) for g in games]
@@ -54,14 +57,14 @@ def test_expert_episodes_identical_with_and_without_speedups(shipped_then_restor
     assert after["parse_hits"] - before["parse_hits"] > after["parse_misses"] - before["parse_misses"] > 0
 
 
-def test_second_reset_starts_the_game_again(shipped_then_restored, monkeypatch):
+def test_second_reset_starts_the_game_again(shipped_then_restored):
     """Only the first ``reset`` after ``load`` reuses its state: a later ``reset`` of the same game without a new
     ``load`` (TextWorld's gym environment always loads first, a direct ``PddlEnv`` user need not) starts from the
     initial state again, not from the state the episode left."""
     import textworld
     from textworld.envs.pddl import PddlEnv
 
-    monkeypatch.setenv(speedups.ENV_VAR, "1")
+    shipped_then_restored.setenv(speedups.ENV_VAR, "1")
     assert speedups.install()
     (game,) = _one_game_per_type(("Pick",))
     env = PddlEnv(textworld.EnvInfos(admissible_commands=True))
@@ -77,10 +80,11 @@ def test_second_reset_starts_the_game_again(shipped_then_restored, monkeypatch):
     assert speedups.stats()["state_reused"] >= 1
 
 
-def test_other_textworld_versions_are_left_as_shipped(shipped_then_restored, monkeypatch):
+def test_other_textworld_versions_are_left_as_shipped(shipped_then_restored):
     import textworld
 
-    monkeypatch.setenv(speedups.ENV_VAR, "1")
-    monkeypatch.setattr(textworld, "__version__", "1.7.1")
+    shipped_then_restored.setenv(speedups.ENV_VAR, "1")
+    shipped_then_restored.setattr(textworld, "__version__", "1.7.1")
     assert speedups.install() is False
     assert not speedups.installed()
+

@@ -106,4 +106,4 @@ def test_sft_records_its_precision(tmp_path, traces, base_model):
             "sft": dataclasses.asdict(SFTStageConfig(max_steps=1, per_device_train_batch_size=1, bf16=True))}
     result = accelerate_launch("evoharness.sft", spec, tmp_path, num_processes=1)
     assert result["global_step"] == 1
-    assert result["precision"] == training_precision(True)[1]
+    assert result["precision"] == training_precision(True)[1]  # model_dtype float32: nothing appended
