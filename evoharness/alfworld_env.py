@@ -112,8 +112,6 @@ def import_environment() -> None:
     from alfworld.agents.environment import alfred_tw_env  # noqa: F401
     from alfworld.agents.expert import handcoded_expert_tw  # noqa: F401
 
-    textworld_speedups.install()
-
 
 @functools.cache
 def _tracking_moves(policy_cls: type) -> type:

@@ -82,7 +82,7 @@ def train_sft(model_path: str, train_file: str, output_dir: str, cfg: SFTStageCo
     if cfg.model_dtype != "float32":
         precision += f"; weights in {cfg.model_dtype}"
     if cfg.bf16 and not use_bf16 and int(os.environ.get("RANK", "0")) == 0:
-        print(f"evoharness.sft: {precision}; training in fp32", flush=True)
+        print(f"evoharness.sft: {precision}", flush=True)
     peft_config = lora_config(cfg)
     ckpt_dir = Path(output_dir) / "checkpoints"
     args = SFTConfig(

@@ -76,7 +76,6 @@ def install() -> bool:
     _patch(pddl.pddl_logic, "PddlState", _state_factory(pddl.pddl_logic.PddlState))
     _patch(env_cls, "load", _load(env_cls.load))
     _patch(env_cls, "reset", _reset(env_cls.reset))
-    _patch(env_cls, "step", _step(env_cls.step))
     for name in _PARSERS:
         module = sys.modules.get(name) or __import__(name, fromlist=["_parse_and_convert"])
         _patch(module, "_parse_and_convert", _memoized(module._parse_and_convert))
@@ -121,15 +120,6 @@ def _load(original):
     return load
 
 
-def _step(original):
-    @functools.wraps(original)
-    def step(self, *args, **kwargs):
-        self.__dict__.pop("_evoharness_loaded_state", None)  # a step may change load's state: reset rebuilds it
-        return original(self, *args, **kwargs)
-
-    return step
-
-
 def _reset(original):
     @functools.wraps(original)
     def reset(self):
@@ -152,12 +142,11 @@ def _memoized(original):
 
     @functools.wraps(original)
     def parse_and_convert(*args, **kwargs):
+        key = (args, tuple(sorted(kwargs.items())))
         try:
-            key = (args, tuple(sorted(kwargs.items())))
-            hash(key)
-        except TypeError:
+            parsed = cache.get(key, _MISSING)
+        except TypeError:  # an unhashable argument: parse as shipped
             return original(*args, **kwargs)
-        parsed = cache.get(key, _MISSING)
         if parsed is _MISSING:
             parsed = cache[key] = original(*args, **kwargs)
             _stats["parse_misses"] += 1

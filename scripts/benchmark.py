@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from evoharness import textworld_speedups  # noqa: E402
 from evoharness.alfworld_env import list_games  # noqa: E402
 from evoharness.collect import collect  # noqa: E402
 from evoharness.config import CollectConfig, TraceConfig  # noqa: E402
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     modes = {"on": ["1"], "off": ["0"], "both": ["0", "1"]}[a.textworld_speedups]
     shards = {}
     for speedups, workers in [(m, w) for m in modes for w in sorted({1, mp.cpu_count()})]:
-        os.environ["EVOHARNESS_TEXTWORLD_SPEEDUPS"] = speedups
+        os.environ[textworld_speedups.ENV_VAR] = speedups
         print(f"TextWorld speed-ups {'on' if speedups == '1' else 'off (as shipped)'}:")
         cfg = dataclasses.replace(CollectConfig(), workers=workers)
         with tempfile.TemporaryDirectory() as tmp:
