@@ -131,6 +131,9 @@ class TraceConfig:
             saw, then its ``act``, all in one assistant message (several ``<tool_call>`` blocks: Qwen3's parallel
             tool-call format). One SFT example per environment step instead of one per call, so a step of
             training covers as many episodes as the plain baseline's. False: one tool call per turn.
+        lesson_turns: ``turn`` context: how many environment commands a ``recall``'s lessons stay in the prompt
+            (``evoharness.context.TurnView``); 0: the rest of the episode. 1 shows them until the next command, for
+            fewer tokens per epoch (README item 16).
     """
 
     won_only: bool = True
@@ -146,8 +149,11 @@ class TraceConfig:
     drop_labels: list[str] = field(default_factory=lambda: ["look", "inventory"])
     dagger_weight: int = 1
     parallel_calls: bool = False
+    lesson_turns: int = 0
 
     def __post_init__(self):
+        if self.lesson_turns < 0:
+            raise ValueError(f"traces.lesson_turns is {self.lesson_turns}; use 0 (the rest of the episode) or more")
         if self.context not in ("history", "turn"):
             raise ValueError(f"traces.context is {self.context!r}; use 'history' or 'turn'")
         if self.dagger_weight < 1:

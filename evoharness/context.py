@@ -36,16 +36,26 @@ class TurnView:
         harness: show the workspace and the recalled lessons (False: the plain observation/action baseline).
         recent_actions: how many of the last environment commands are listed (oldest first).
         system_prompt: include a short system message (off for the tiny embedded model: it is the same every turn).
+        lesson_turns: on the prompts of how many environment steps a ``recall``'s lessons are shown: 0 keeps them for
+            the rest of the episode; 1 shows them until the first command issued after a prompt showed them. With
+            parallel calls the teacher's first recall runs beside the first command, so its lessons are read on the
+            second turn; with one call per turn, on the turn right after the recall.
     """
 
-    def __init__(self, task: str = "", harness: bool = True, recent_actions: int = 8, system_prompt: bool = False):
+    def __init__(self, task: str = "", harness: bool = True, recent_actions: int = 8, system_prompt: bool = False,
+                 lesson_turns: int = 0):
+        if lesson_turns < 0:
+            raise ValueError(f"lesson_turns is {lesson_turns}; use 0 (rest of the episode) or a number of commands")
         self.task = task
         self.harness = harness
         self.recent_actions = recent_actions
         self.system_prompt = system_prompt
+        self.lesson_turns = lesson_turns
         self.actions: list[str] = []
         self.observation = ""
         self.lessons: str | None = None
+        self.lessons_left = 0  # commands left before the lessons are hidden (lesson_turns > 0)
+        self.lessons_shown = False  # a prompt has shown the current lessons: only then do commands count down
         self.last_call: str | None = None
 
     def start(self, observation: str) -> None:
@@ -59,12 +69,16 @@ class TurnView:
         self.actions.append(command + (" (nothing happened)" if observation.strip() == NOTHING else ""))
         self.observation = observation
         self.last_call = None
+        if self.lesson_turns and self.lessons is not None and self.lessons_shown:
+            self.lessons_left -= 1
+            if self.lessons_left <= 0:
+                self.lessons = None
 
     def record_meta(self, name: str, result: str, ok: bool) -> None:
         """A meta-action call and its result (or error), shown as the ``Last call:`` line until the next command;
-        ``recall``'s lessons stay shown for the rest of the episode (Belief and Progress show in the render)."""
+        ``recall``'s lessons stay shown for ``lesson_turns`` commands (Belief and Progress show in the render)."""
         if name == "recall" and ok:
-            self.lessons = result
+            self.lessons, self.lessons_left, self.lessons_shown = result, self.lesson_turns, False
         self.last_call = f"{name} -> {result.splitlines()[0] if result else ''}" if name != "recall" or not ok \
             else "recall -> lessons above"
 
@@ -79,6 +93,7 @@ class TurnView:
             lines.append(workspace_render or "Workspace: empty")
             if self.lessons is not None:
                 lines.append("Lessons: " + self.lessons.replace("\n", " | "))
+                self.lessons_shown = True
         recent = self.actions[-self.recent_actions:] if self.recent_actions > 0 else []
         if recent:
             lines.append("Recent: " + " | ".join(recent))
@@ -100,11 +115,11 @@ def turn_view(cfg) -> TurnView | None:
     """A fresh ``TurnView`` for an episode under ``TraceConfig`` ``cfg``; None in the ``history`` context."""
     if cfg.context != "turn":
         return None
-    return TurnView("", cfg.harness, cfg.recent_actions, cfg.system_prompt)
+    return TurnView("", cfg.harness, cfg.recent_actions, cfg.system_prompt, cfg.lesson_turns)
 
 
 LAYOUT_FIELDS = ("context", "harness", "recent_actions", "system_prompt", "tools_in_prompt", "recall_top_k",
-                 "max_belief_facts", "render_budget_tokens", "parallel_calls")
+                 "max_belief_facts", "render_budget_tokens", "parallel_calls", "lesson_turns")
 
 
 def layout_of(cfg) -> dict:

@@ -111,7 +111,7 @@ class Teacher:
         ws = Workspace.from_config(self.experience, ep.episode_id, cfg)
         msgs: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT},
                             {"role": "user", "content": ep.records[0]["observation"]}]
-        view = TurnView(ep.task, cfg.harness, cfg.recent_actions, cfg.system_prompt)
+        view = TurnView(ep.task, cfg.harness, cfg.recent_actions, cfg.system_prompt, cfg.lesson_turns)
         view.start(ep.records[0]["observation"])
         turns: list[dict] = []
         # parallel_calls: the meta-actions called since the last command, and the prompt their turn was read from

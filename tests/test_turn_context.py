@@ -705,3 +705,49 @@ def test_grpo_rollouts_ground_tracks_when_the_profile_says(turn_model, tmp_path,
         assert res.env_steps == 1
     assert made == [(True, True), (False, True)]
     assert load_profile("full-parallel").grpo.ground_track and not load_profile("default").grpo.ground_track
+
+
+def _lesson_prompts(prompts):
+    return [i for i, p in enumerate(prompts) if "\nLessons: " in p[-1]["content"]]
+
+
+def test_lesson_turns_show_a_recalls_lessons_until_the_next_command_in_traces_and_at_run_time():
+    """`traces.lesson_turns: 1`: the lessons of a `recall` are on the prompts up to the first command issued after a
+    prompt showed them, and the teacher's traces and a run-time episode put them on the same turns."""
+    from evoharness.agent import Decision
+
+    ep = episode()
+    one = Teacher(dataclasses.replace(TURN, lesson_turns=1)).annotate(ep)["turns"]
+    names = [n for n, _ in _calls(one)]
+    # one call per turn: only the prompt right after the opening recall (the default shows them to the end)
+    assert names[0] == "recall" and _lesson_prompts([t["prompt"] for t in one]) == [1]
+    assert len(_lesson_prompts([t["prompt"] for t in Teacher(TURN).annotate(ep)["turns"]])) == len(one) - 1
+    par = Teacher(dataclasses.replace(PARALLEL, lesson_turns=1)).annotate(ep)["turns"]
+    # parallel calls: the first turn's recall runs beside its act, so the second turn reads the lessons, once
+    assert _lesson_prompts([t["prompt"] for t in par]) == [1]
+    assert "\nLessons: no lessons yet\n" in par[1]["prompt"][-1]["content"]
+    assert all("Lessons" not in t["prompt"][-1]["content"] for t in par[2:])
+
+    class RecallThenAct:  # the teacher's parallel opening: recall beside the first act, then acts
+        def __init__(self):
+            self.prompts = []
+
+        def start(self, messages, tools):
+            pass
+
+        def decide(self, state):
+            self.prompts.append(state["turn_messages"])
+            before = [("recall", {"query": "mug"})] if len(self.prompts) == 1 else []
+            return Decision("act", {"command": state["admissible_commands"][0]}, before=before)
+
+        def observe(self, text):
+            pass
+
+    env = ALFWorldEnv(list_games("valid_seen", limit=1)[0], max_steps=10, expert=False)
+    policy = RecallThenAct()
+    run_episode(env, policy, Workspace(ExperienceStore(), "lessons"), CostConfig(), max_env_steps=4,
+                max_meta_actions=5, view=turn_view(dataclasses.replace(PARALLEL, lesson_turns=1)))
+    env.close()
+    assert _lesson_prompts(policy.prompts[:4]) == [1]
+    with pytest.raises(ValueError, match="lesson_turns is -1"):
+        TraceConfig(context="turn", lesson_turns=-1)
