@@ -134,6 +134,10 @@ class TraceConfig:
         lesson_turns: ``turn`` context: how many environment commands a ``recall``'s lessons stay in the prompt
             (``evoharness.context.TurnView``); 0: the rest of the episode. 1 shows them until the next command, for
             fewer tokens per epoch (README item 16).
+        track_searched: with harness, the teacher tracks ``<receptacle> searched=yes`` when an observation lists a
+            receptacle's contents without a task object (about 30 % of the ``full`` examples). False leaves those
+            calls out: Belief then holds object locations, the inventory and object states only, and an epoch costs
+            fewer tokens (no call in the completion, no fact in later prompts; README item 17).
     """
 
     won_only: bool = True
@@ -150,6 +154,7 @@ class TraceConfig:
     dagger_weight: int = 1
     parallel_calls: bool = False
     lesson_turns: int = 0
+    track_searched: bool = True
 
     def __post_init__(self):
         if self.lesson_turns < 0:
@@ -168,9 +173,13 @@ class TraceConfig:
 class ModelConfig:
     """The policy model. ``path`` empty means the embedded default: a Qwen3-architecture model built from
     the sizes below with a byte-level BPE tokenizer trained on the traces; otherwise any local or hub path, or a
-    registered version ``models:/NAME/VERSION`` that SFT trains further (an alias is refused: ValueError)."""
+    registered version ``models:/NAME/VERSION`` that SFT trains further (an alias is refused: ValueError).
+    ``pieces``: the embedded tokenizer's pre-tokenizer, ``words-apart`` or ``trailing-space``
+    (``evoharness.model.PIECES``: the same names as token ids in observations and calls; trailing-space takes about
+    19 % fewer tokens per example)."""
 
     path: str = ""
+    pieces: str = "words-apart"
     vocab_size: int = 2048
     hidden_size: int = 128
     intermediate_size: int = 384
@@ -182,6 +191,8 @@ class ModelConfig:
     seed: int = 0
 
     def __post_init__(self):
+        if self.pieces not in ("words-apart", "trailing-space"):
+            raise ValueError(f"model.pieces is {self.pieces!r}; use 'words-apart' or 'trailing-space'")
         if self.path.startswith("models:/") and "@" in self.path:
             raise ValueError(f"model.path is {self.path!r}: pin a version (models:/NAME/VERSION); an alias can move, "
                              "and the SFT stage's cache is keyed on this string")

@@ -5,8 +5,8 @@ The teacher reads an episode's raw steps and inserts, in the Qwen3 tool-call cha
   ("Nothing happens.");
 - ``commit`` of each subgoal, by id with its dependency, when the observation shows it completed;
 - ``track`` when an observation reveals where a task object is, or that it was picked up, cleaned, heated,
-  cooled or placed, and when it shows a receptacle's contents without a task object (``searched``), so the search
-  does not go back to it;
+  cooled or placed, and (unless ``TraceConfig.track_searched`` is off) when it shows a receptacle's contents without
+  a task object (``searched``), so the search does not go back to it;
 - ``note`` at episode end, with a lesson (where the object was found; which command form failed).
 
 In the ``turn`` context each tool call is its own example, or with ``TraceConfig.parallel_calls`` each environment
@@ -193,7 +193,7 @@ class Teacher:
                         track(oid, "location", where, step)
                         found_at = found_at or (where if name == obj else None)
             shown_at = _contents_shown(obs)
-            if obj and shown_at and not seen_any:
+            if obj and shown_at and not seen_any and cfg.track_searched:
                 track(shown_at, "searched", "yes", step)
             m = re.match(rf"You pick up the ({obj} \d+)", obs) if obj else None
             if m:

@@ -11,7 +11,7 @@ from evoharness.config import CostConfig, SFTStageConfig, TraceConfig
 from evoharness.context import TurnView, layout_of, turn_view
 from evoharness.harness import ExperienceStore, Workspace
 from evoharness.launch import accelerate_launch
-from evoharness.lm_policy import LMPolicy
+from evoharness.lm_policy import ACT_PREFIX, COMMAND_CLOSE, EMPTY_THINK, ENTITY_CLOSE, ENTITY_OPEN, LMPolicy
 from evoharness.model import build_default_model, load_policy
 from evoharness.rawlog import Episode, parse_lines
 from evoharness.traces import Teacher, build_traces
@@ -113,6 +113,36 @@ def test_a_name_is_one_token_id_in_the_observation_and_inside_a_tool_call(turn_m
 
     assert holds(observed) and holds(called)
     assert tok.decode(tok(call, add_special_tokens=False)["input_ids"]) == call
+
+
+def test_trailing_space_pieces_keep_names_and_score_decoding_boundaries_for_fewer_tokens(tmp_path, turn_traces,
+                                                                                        turn_model):
+    """``model.pieces: trailing-space``: a name is the same ids in an observation and in a call; the pieces score
+    decoding joins (prompt, act opening, candidate command with its closing) tokenize as the whole text does; and
+    the same trace text takes fewer tokens than with words-apart pieces."""
+    _, apart = load_policy(turn_model)
+    _, tok = load_policy(build_default_model(dataclasses.replace(TINY_MODEL, pieces="trailing-space"),
+                                             turn_traces / "train.jsonl", tmp_path / "base"))
+    observed = tok.tokenize("You arrive at sidetable 1. On the sidetable 1, you see a alarmclock 1.")
+    call = '{"name": "track", "arguments": {"entity": "sidetable 1", "attribute": "location", "value": "inventory"}}'
+    name = tok.tokenize("sidetable 1")
+    assert name[-1] == "1"
+
+    def holds(tokens: list[str]) -> bool:
+        return any(tokens[i:i + len(name)] == name for i in range(len(tokens)))
+
+    assert holds(observed) and holds(tok.tokenize(call))
+    assert tok.decode(tok(call, add_special_tokens=False)["input_ids"]) == call
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Task: put a cd in safe.\nObservation: hi"}],
+                                     add_generation_prompt=True, tokenize=False)
+    for head, cand in [(EMPTY_THINK + ACT_PREFIX, "go to sidetable 1" + COMMAND_CLOSE),
+                       (EMPTY_THINK + ACT_PREFIX, "look" + COMMAND_CLOSE),
+                       ('<tool_call>\n{"name": "track", "arguments": {' + ENTITY_OPEN, "cd 3" + ENTITY_CLOSE)]:
+        parts = sum((tok(t, add_special_tokens=False)["input_ids"] for t in (prompt, head, cand)), [])
+        assert parts == tok(prompt + head + cand, add_special_tokens=False)["input_ids"], (head, cand)
+    text = "".join(json.loads(line)["prompt"][-1]["content"]
+                   for line in (turn_traces / "train.jsonl").read_text().splitlines()[:50])
+    assert len(tok.tokenize(text)) < 0.9 * len(apart.tokenize(text))
 
 
 def test_sft_on_turn_examples_trains_completions_and_records_the_layout(tmp_path, turn_traces, turn_model):

@@ -50,6 +50,16 @@ def test_exact_belief_progress_and_experience_after_the_episode():
         ("'put X in Y' does nothing: use 'move X to Y'", ["pick_heat_then_place_in_recep", "mug"], "ep-heat")]
 
 
+def test_track_searched_off_leaves_out_only_the_searched_facts():
+    """``traces.track_searched: false``: the same episode, the same calls but the ``searched`` track."""
+    row = Teacher(TraceConfig(track_searched=False)).annotate(episode())
+    names = [(m["tool_calls"][0]["function"]["name"]) for m in row["messages"] if m["role"] == "assistant"]
+    assert names == ["recall", "act", "act", "act", "track", "commit", "act", "track", "commit", "act", "act",
+                     "track", "commit", "act", "act", "act", "note"]
+    assert row["meta_actions"] == {"track": 3, "commit": 3, "recall": 1, "note": 1}
+    assert row["workspace"] == "Progress: done find, take, heat\nBelief: mug 1 state=hot; mug 1 location=inventory"
+
+
 def test_workspace_objects_hold_sources_and_dependencies():
     from evoharness.harness import ExperienceStore, Workspace
 
