@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from evoharness.config import ModelConfig
+from evoharness.config import PIECES, ModelConfig
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 ADDED_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>",
@@ -22,23 +22,6 @@ def qwen3_chat_template() -> str:
     import trl
 
     return (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
-
-
-# Pre-tokenizer pieces (``ModelConfig.pieces``), each then byte-level encoded:
-# - ``words-apart``: a number or a punctuation run with its leading space, a whitespace run, a word. Unlike GPT-2's
-#   byte-level regex (`` ?\p{L}+``), a word never carries its leading space, so "sidetable" is one token id in
-#   "You arrive at sidetable 1." and in the tool call ``{"entity": "sidetable 1"}``, where it follows a quote. With
-#   GPT-2's pieces the two are different ids ("Ġsidetable" / "sidetable") and a small model must learn the mapping
-#   word by word before it can copy an observed name into a call; measured on the trace corpus, words-apart pieces
-#   cost 34 % more tokens per example, most of them the single spaces between words.
-# - ``trailing-space``: a word or a punctuation run with the one space after it, a number alone, a whitespace run.
-#   A name keeps that property ("sidetable 1" is "sidetableĠ" + "1" in an observation and in a call), and the
-#   spaces ride on the words: 19 % fewer tokens per example than words-apart on the ``full-parallel`` traces
-#   (173 against 214 on 3,000 held-out examples, vocabulary 2,048; README item 17).
-PIECES = {
-    "words-apart": r" ?\d+| ?[^\s\w]+|\s+|\w+",
-    "trailing-space": r"[^\W\d]+ ?|\d+|[^\s\w]+ ?|\s+",
-}
 
 
 def train_tokenizer(texts, vocab_size: int, pieces: str = "words-apart"):
