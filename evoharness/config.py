@@ -246,6 +246,17 @@ class SFTStageConfig(TrainingRuntime):
     ``SFTTrainer(peft_config=LoraConfig(...))``; the adapter is merged into the saved final model so later stages load
     a plain model folder). ``accelerate_config``: the Accelerate config file (empty: ``accelerate/cpu_<n>proc.yaml``
     for ``num_processes``; ``accelerate/fsdp_gpu.yaml`` for multi-GPU FSDP).
+
+    ``torch_compile``: transformers' ``TrainingArguments.torch_compile`` (``torch.compile`` with the inductor
+    backend, which on CPUs generates C++ kernels with the system compiler); the first steps pay for the compilation.
+    Measure it with ``scripts/benchmark_sft.py`` before turning it on in a profile.
+
+    ``time_budget_s`` (> 0; seconds of wall time, the calibration included) replaces ``max_steps`` by the steps that
+    fit the budget on the machine that runs it: ``calibration_steps`` steps of the same recipe on a throwaway copy
+    of the model measure the steady seconds a step, and ``max_steps = (budget - calibration) / (s a step x
+    time_budget_margin)`` (the margin covers the slower steps later in a run and the validation pass); the cosine
+    schedule is planned for those steps and training stops at the budget regardless
+    (``evoharness.sft.TimeLimit``). The plan is saved with the checkpoints, so a resumed run keeps it.
     """
 
     num_train_epochs: float = 3.0
@@ -259,6 +270,10 @@ class SFTStageConfig(TrainingRuntime):
     logging_steps: int = 5
     sampling: str = "random"
     bf16: bool = False
+    torch_compile: bool = False
+    time_budget_s: float = 0.0
+    calibration_steps: int = 60
+    time_budget_margin: float = 1.08
     seed: int = 0
 
 

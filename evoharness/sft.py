@@ -15,7 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import time
 from pathlib import Path
+
+from transformers import TrainerCallback
 
 from evoharness.config import SFTStageConfig
 
@@ -54,6 +58,88 @@ def training_precision(bf16: bool) -> tuple[bool, str]:
     return False, f"fp32: bf16 asked, but this CPU ({capability}) has no AVX512-BF16 or AMX, where bf16 is emulated"
 
 
+class StepClock(TrainerCallback):
+    """Times every optimizer step of the run, so the result can give the steady rate apart from the start-up (data
+    loading, ``torch.compile``'s compilation, the first allocations).
+
+    ``steady(skip)`` -> ``(seconds_per_step, tokens_per_s, steps)`` over the steps after the first ``skip`` of this
+    run (tokens: the trainer's non-padding ``num_input_tokens_seen``, summed over processes); ``(None, None, 0)``
+    when fewer than two steps remain."""
+
+    def __init__(self):
+        self.marks: list[tuple[float, int]] = []  # (time.perf_counter() s, tokens seen) at each step's end
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.marks.append((time.perf_counter(), state.num_input_tokens_seen))
+
+    def steady(self, skip: int) -> tuple[float | None, float | None, int]:
+        marks = self.marks[skip:]
+        if len(marks) < 2:
+            return None, None, 0
+        (t0, k0), (t1, k1) = marks[0], marks[-1]
+        steps = len(marks) - 1
+        return (t1 - t0) / steps, (k1 - k0) / max(t1 - t0, 1e-9), steps
+
+
+class TimeLimit(TrainerCallback):
+    """Stops training (``control.should_training_stop``; the final model is still saved) once this process has
+    trained ``seconds`` of wall time: the guard behind ``sft.time_budget_s``, whose step count is planned to end
+    before it."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.start = seconds, None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.start is not None and time.perf_counter() - self.start > self.seconds:
+            control.should_training_stop = True
+
+
+def _budget_steps(cfg: SFTStageConfig, output_dir: Path, calibration_trainer) -> dict:
+    """The step count that fits ``cfg.time_budget_s`` on this machine, measured: ``cfg.calibration_steps`` steps of
+    the same recipe on a throwaway copy of the model (``calibration_trainer(steps, out_dir)`` builds its trainer),
+    then ``max_steps = (time_budget_s - calibration wall s) / (steady s a step x time_budget_margin)``.
+
+    The plan is kept in ``output_dir/time_budget.json`` and read back by a resumed run, so a re-run trains to the
+    same step counter and schedule. Every process measures; rank 0's plan is broadcast, so all agree.
+    Returns ``{"max_steps", "train_seconds", "seconds_per_step", "calibration_s", ...}``.
+    Raises ValueError when the calibration leaves no time to train."""
+    plan_file = output_dir / "time_budget.json"
+    if plan_file.exists():
+        return json.loads(plan_file.read_text())
+    from accelerate.utils import broadcast_object_list
+
+    t0 = time.perf_counter()
+    trainer = calibration_trainer(cfg.calibration_steps, output_dir / "calibration")
+    clock = StepClock()
+    trainer.add_callback(clock)
+    trainer.train()
+    step_s, tokens_per_s, steps = clock.steady(skip=max(1, len(clock.marks) // 5))
+    del trainer
+    if int(os.environ.get("RANK", "0")) == 0:
+        shutil.rmtree(output_dir / "calibration", ignore_errors=True)
+    calibration_s = time.perf_counter() - t0
+    train_seconds = cfg.time_budget_s - calibration_s
+    plan = [{"time_budget_s": cfg.time_budget_s, "calibration_steps": cfg.calibration_steps,
+             "calibration_s": round(calibration_s, 1), "seconds_per_step": step_s, "tokens_per_s": tokens_per_s,
+             "margin": cfg.time_budget_margin, "train_seconds": train_seconds,
+             "max_steps": int(train_seconds / (step_s * cfg.time_budget_margin)) if step_s else 0}]
+    broadcast_object_list(plan, from_process=0)
+    plan = plan[0]
+    if plan["max_steps"] < 1:
+        raise ValueError(f"sft.time_budget_s {cfg.time_budget_s}: the {cfg.calibration_steps}-step calibration took "
+                         f"{calibration_s:.0f} s and left no time to train; raise the budget or lower "
+                         "sft.calibration_steps")
+    if int(os.environ.get("RANK", "0")) == 0:
+        plan_file.write_text(json.dumps(plan, indent=1))
+        print(f"evoharness.sft: time budget {cfg.time_budget_s:.0f} s -> {plan['max_steps']} steps "
+              f"({step_s:.3f} s a step over {steps} calibration steps, {tokens_per_s:.0f} tokens/s, margin "
+              f"{cfg.time_budget_margin})", flush=True)
+    return plan
+
+
 def train_sft(model_path: str, train_file: str, output_dir: str, cfg: SFTStageConfig,
               valid_file: str | None = None, layout: dict | None = None) -> dict:
     """Fine-tune ``model_path`` on the traces; returns ``{"final_path", "global_step", "train_loss", ...}``.
@@ -85,34 +171,52 @@ def train_sft(model_path: str, train_file: str, output_dir: str, cfg: SFTStageCo
         print(f"evoharness.sft: {precision}", flush=True)
     peft_config = lora_config(cfg)
     ckpt_dir = Path(output_dir) / "checkpoints"
-    args = SFTConfig(
-        output_dir=str(ckpt_dir), assistant_only_loss="messages" in train.column_names, max_length=cfg.max_length,
-        num_train_epochs=cfg.num_train_epochs, max_steps=cfg.max_steps,
-        per_device_train_batch_size=cfg.per_device_train_batch_size,
-        gradient_accumulation_steps=cfg.gradient_accumulation_steps, learning_rate=cfg.learning_rate,
-        lr_scheduler_type="cosine", warmup_steps=cfg.warmup_ratio, logging_steps=cfg.logging_steps,
-        save_steps=cfg.save_steps, save_total_limit=2, seed=cfg.seed, use_cpu=not torch.cuda.is_available(),
-        bf16=use_bf16,
-        gradient_checkpointing=cfg.gradient_checkpointing,
-        report_to=["mlflow"] if os.environ.get("MLFLOW_RUN_ID") else "none",
-        eval_strategy="epoch" if valid is not None else "no",
-        per_device_eval_batch_size=cfg.per_device_train_batch_size,
-        dataloader_num_workers=0, disable_tqdm=False, train_sampling_strategy=cfg.sampling,
-        include_num_input_tokens_seen="non_padding",
-    )
-    trainer = SFTTrainer(model=model, args=args, train_dataset=train, eval_dataset=valid, processing_class=tokenizer,
-                         peft_config=peft_config)
+
+    def make_trainer(model, max_steps: int, out_dir: Path, report: bool, save_steps: int, evaluate: bool):
+        args = SFTConfig(
+            output_dir=str(out_dir), assistant_only_loss="messages" in train.column_names, max_length=cfg.max_length,
+            num_train_epochs=cfg.num_train_epochs, max_steps=max_steps,
+            per_device_train_batch_size=cfg.per_device_train_batch_size,
+            gradient_accumulation_steps=cfg.gradient_accumulation_steps, learning_rate=cfg.learning_rate,
+            lr_scheduler_type="cosine", warmup_steps=cfg.warmup_ratio, logging_steps=cfg.logging_steps,
+            save_steps=save_steps, save_total_limit=2, seed=cfg.seed, use_cpu=not torch.cuda.is_available(),
+            bf16=use_bf16, torch_compile=cfg.torch_compile,
+            gradient_checkpointing=cfg.gradient_checkpointing,
+            report_to=["mlflow"] if report and os.environ.get("MLFLOW_RUN_ID") else "none",
+            eval_strategy="epoch" if evaluate and valid is not None else "no",
+            per_device_eval_batch_size=cfg.per_device_train_batch_size,
+            dataloader_num_workers=0, disable_tqdm=False, train_sampling_strategy=cfg.sampling,
+            include_num_input_tokens_seen="non_padding",
+        )
+        return SFTTrainer(model=model, args=args, train_dataset=train, eval_dataset=valid if evaluate else None,
+                          processing_class=tokenizer, peft_config=peft_config)
+
+    max_steps, budget = cfg.max_steps, None
+    if cfg.time_budget_s > 0:
+        budget = _budget_steps(cfg, Path(output_dir), lambda steps, out: make_trainer(
+            load_policy(model_path, dtype=cfg.model_dtype)[0], steps, out, False, 10 ** 9, False))
+        max_steps = budget["max_steps"]
+    trainer = make_trainer(model, max_steps, ckpt_dir, True, cfg.save_steps, True)
+    clock = StepClock()
+    trainer.add_callback(clock)
+    if budget is not None:
+        trainer.add_callback(TimeLimit(budget["train_seconds"]))
     last = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.exists() else None
     result = trainer.train(resume_from_checkpoint=last)
     final = Path(output_dir) / "final"
     save_final(trainer, tokenizer, final, merge_lora=peft_config is not None, layout=layout)
     history = [h for h in trainer.state.log_history if "loss" in h]
+    step_s, steady_tps, steady_steps = clock.steady(skip=max(1, len(clock.marks) // 10))
     return {"final_path": str(final), "global_step": trainer.state.global_step,
             "train_loss": result.training_loss, "first_loss": history[0]["loss"] if history else None,
             "last_loss": history[-1]["loss"] if history else None, "resumed_from": last,
             "world_size": trainer.accelerator.num_processes, "train_rows": len(train),
             "train_runtime_s": result.metrics.get("train_runtime"),
-            "tokens_seen": trainer.state.num_input_tokens_seen, "precision": precision}
+            "tokens_seen": trainer.state.num_input_tokens_seen, "precision": precision,
+            "torch_compile": cfg.torch_compile,
+            # steady rate: this run's steps after its first tenth (start-up and compilation left out)
+            "steady_seconds_per_step": step_s, "steady_tokens_per_s": steady_tps, "steady_steps": steady_steps,
+            "time_budget": budget}
 
 
 def main(argv: list[str] | None = None) -> None:

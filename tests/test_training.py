@@ -80,6 +80,27 @@ def test_sft_two_cpu_processes_run_ddp_with_world_size_2(tmp_path, traces, base_
     assert result["world_size"] == 2 and result["global_step"] == 1
 
 
+def test_time_budget_plans_the_steps_from_a_measured_calibration_and_a_resume_keeps_the_plan(tmp_path, traces,
+                                                                                             base_model):
+    """``sft.time_budget_s``: both processes train the step count rank 0 planned from its calibration steps, the
+    plan is saved beside the checkpoints, and a re-run resumes to the same step counter instead of re-planning."""
+    cfg = SFTStageConfig(time_budget_s=25, calibration_steps=6, per_device_train_batch_size=1, save_steps=10,
+                         num_processes=2)
+    spec = {"model_path": base_model, "train_file": str(traces / "train.jsonl"), "output_dir": str(tmp_path),
+            "sft": dataclasses.asdict(cfg)}
+    first = accelerate_launch("evoharness.sft", spec, tmp_path, num_processes=2)
+    plan = json.loads((tmp_path / "time_budget.json").read_text())
+    assert plan == first["time_budget"]
+    assert plan["train_seconds"] == pytest.approx(25 - plan["calibration_s"], abs=0.1)
+    assert plan["max_steps"] == int(plan["train_seconds"] / (plan["seconds_per_step"] * cfg.time_budget_margin))
+    assert plan["max_steps"] > cfg.calibration_steps
+    assert first["world_size"] == 2 and first["global_step"] == plan["max_steps"]
+    assert not (tmp_path / "calibration").exists()
+    second = accelerate_launch("evoharness.sft", spec, tmp_path, num_processes=2)
+    assert second["time_budget"] == plan and second["resumed_from"] is not None
+    assert second["global_step"] == plan["max_steps"]
+
+
 @pytest.mark.parametrize("avx512_bf16, amx, expected",
                          [(True, False, True), (False, True, True), (False, False, False)])
 def test_bf16_only_where_the_cpu_computes_it(monkeypatch, avx512_bf16, amx, expected):
