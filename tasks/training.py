@@ -110,8 +110,12 @@ def sft_task(cfg: PipelineConfig, traces: dict, work_dir: str, parent_run_id: st
                 "final_train_loss": result["train_loss"],
                 "tokens_seen": result.get("tokens_seen") or 0,
                 "tokens_per_s": (result.get("tokens_seen") or 0) / max(result.get("train_runtime_s") or 1e-9, 1e-9),
+                **{k: result[k] for k in ("steady_seconds_per_step", "steady_tokens_per_s") if result.get(k)},
             }
         )
+        if result.get("time_budget"):  # sft.time_budget_s: the calibration and the steps it planned
+            mlflow.log_dict(result["time_budget"], "time_budget.json")
+            mlflow.log_metrics({f"time_budget.{k}": v for k, v in result["time_budget"].items()})
         mlflow.set_tags({f"layout.{k}": v for k, v in layout_of(cfg.traces).items()})
         mlflow.set_tag("sft.precision", result.get("precision", ""))
         result["run_id"] = run.info.run_id
