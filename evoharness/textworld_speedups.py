@@ -1,4 +1,4 @@
-"""Two speed-ups of TextWorld 1.7.0's PDDL environment (ALFWorld's engine) that leave every episode unchanged.
+"""Three speed-ups of TextWorld 1.7.0's PDDL environment (ALFWorld's engine) that leave every episode unchanged.
 
 Collection spends most of its time inside TextWorld, not in the expert (py-spy on one collection worker, 2026-12-02):
 
@@ -12,6 +12,14 @@ Collection spends most of its time inside TextWorld, not in the expert (py-spy o
    same rule conditions (25 % and 11 % of a worker's time with 1. in place). The patched
    ``textworld.envs.pddl.textgen._parse_and_convert`` and ``textworld.logic._parse_and_convert`` keep the parse per
    (text, rule) in a bounded LRU cache and return a deep copy, so callers may mutate what they get as before.
+
+3. **The re-planning translation waits for a re-plan.** ``PddlState.__init__`` translates the problem to SAS twice
+   with fast-downward's ``pddl2sas``: once for the state, once optimized for ``replan`` (which TextWorld calls only
+   for the ``policy_commands`` and ``walkthrough`` infos; ALFWorld's handcoded expert asks for neither). The second
+   translation was half of a worker's time with 1. and 2. in place (py-spy, 2026-12-03). The patched state defers
+   it: the library copy's ``load_sas_replan`` (which only stores the SAS text for ``replan``) records which
+   problem the latest state would have loaded, and the first ``replan`` afterwards translates and loads exactly
+   that one, so a re-plan sees what it would have seen as shipped.
 
 Measured on the ``default`` profile's 60 train games (``scripts/recollect.py``, 2 workers, 2026-12-02): 247 and 230 s
 as shipped, 178 and 183 s with 1., 90 s with both, byte-identical logs each time; 1,508 of ``data-full``'s 3,553
@@ -38,7 +46,8 @@ PARSE_CACHE_SIZE = 4096
 _PARSERS = ("textworld.envs.pddl.textgen", "textworld.logic")
 
 _originals: dict[tuple[object, str], object] = {}
-_stats = {"state_reused": 0, "parse_hits": 0, "parse_misses": 0}
+_stats = {"state_reused": 0, "parse_hits": 0, "parse_misses": 0, "replan_translations_deferred": 0,
+          "replan_translations_done": 0}
 _handoff = threading.local()  # the state a patched reset hands to its own PddlState(...) call, in its own thread
 _MISSING = object()
 
@@ -60,7 +69,7 @@ def stats() -> dict[str, int]:
 
 
 def install() -> bool:
-    """Apply both speed-ups to this process, once (later calls do nothing); returns whether they are in place.
+    """Apply the three speed-ups to this process, once (later calls do nothing); returns whether they are in place.
 
     Does nothing (returns False) when ``enabled()`` is false or the installed TextWorld is not ``TEXTWORLD_VERSION``.
     Raises ImportError when TextWorld's PDDL environment cannot be imported (fast-downward missing)."""
@@ -74,6 +83,7 @@ def install() -> bool:
 
     env_cls = pddl.PddlEnv
     _patch(pddl.pddl_logic, "PddlState", _state_factory(pddl.pddl_logic.PddlState))
+    _patch(pddl.pddl_logic.fast_downward, "pddl2sas", _deferred_replan_sas(pddl.pddl_logic.fast_downward.pddl2sas))
     _patch(env_cls, "load", _load(env_cls.load))
     _patch(env_cls, "reset", _reset(env_cls.reset))
     for name in _PARSERS:
@@ -105,9 +115,76 @@ def _state_factory(state_cls):
         if state is not None:
             _handoff.state = None
             return state
-        return state_cls(*args, **kwargs)
+        downward_lib = args[0] if args else kwargs.get("downward_lib")
+        _defer_replan_loads(downward_lib)
+        _handoff.defer_replan = True  # read by the patched pddl2sas, in this thread, during this construction only
+        try:
+            return state_cls(*args, **kwargs)
+        finally:
+            _handoff.defer_replan = False
 
     return PddlState
+
+
+class _ReplanSAS:
+    """An optimized SAS translation not made yet: what ``PddlState.__init__`` stores as ``sas_replan`` under 3.
+    ``encode`` returns itself, so the shipped ``load_sas_replan(self.sas_replan.encode("utf-8"))`` hands it to the
+    library wrapper below, which keeps it until a ``replan``."""
+
+    def __init__(self, translate, domain, problem, verbose):
+        self._translate, self._args, self._bytes = translate, (domain, problem, verbose), None
+
+    def encode(self, encoding: str = "utf-8"):
+        return self
+
+    def materialize(self) -> bytes:
+        if self._bytes is None:
+            domain, problem, verbose = self._args
+            self._bytes = self._translate(domain, problem, verbose=verbose, optimize=True)[1].encode("utf-8")
+            _stats["replan_translations_done"] += 1
+        return self._bytes
+
+
+def _deferred_replan_sas(original):
+    """``fast_downward.pddl2sas``: an optimized translation asked for while a patched ``PddlState`` is being built
+    in this thread comes back as a ``_ReplanSAS``; every other call runs as shipped."""
+
+    @functools.wraps(original)
+    def pddl2sas(domain, problem, verbose=False, optimize=False):
+        if optimize and getattr(_handoff, "defer_replan", False):
+            _stats["replan_translations_deferred"] += 1
+            return None, _ReplanSAS(original, domain, problem, verbose)
+        return original(domain, problem, verbose=verbose, optimize=optimize)
+
+    return pddl2sas
+
+
+def _defer_replan_loads(downward_lib) -> None:
+    """Wrap one fast-downward library copy (``fast_downward.load_lib``, one per ``PddlEnv``), once: its
+    ``load_sas_replan`` keeps a ``_ReplanSAS`` as the pending one (real text loads at once, as shipped, and clears
+    it); its ``replan`` first loads the pending translation, made then. The C library only stores that text for
+    ``replan``, so loading it later loads the same text the latest state would have loaded."""
+    if downward_lib is None or getattr(downward_lib, "_evoharness_replan_deferred", False):
+        return
+    load, replan = downward_lib.load_sas_replan, downward_lib.replan
+    pending = {"sas": None}
+
+    def load_sas_replan(sas):
+        if isinstance(sas, _ReplanSAS):
+            pending["sas"] = sas
+            return None
+        pending["sas"] = None
+        return load(sas)
+
+    def replan_now(*args):
+        if pending["sas"] is not None:
+            load(pending["sas"].materialize())
+            pending["sas"] = None
+        return replan(*args)
+
+    downward_lib.load_sas_replan = load_sas_replan
+    downward_lib.replan = replan_now
+    downward_lib._evoharness_replan_deferred = True
 
 
 def _load(original):

@@ -55,6 +55,39 @@ def test_expert_episodes_identical_with_and_without_speedups(shipped_then_restor
         assert ep_patched == ep_shipped
     assert after["state_reused"] - before["state_reused"] == len(games)
     assert after["parse_hits"] - before["parse_hits"] > after["parse_misses"] - before["parse_misses"] > 0
+    # the expert never re-plans: every optimized translation was deferred and none was made
+    assert after["replan_translations_deferred"] - before["replan_translations_deferred"] >= len(games)
+    assert after["replan_translations_done"] == before["replan_translations_done"]
+
+
+def _policy_commands_over_a_walk(game: str) -> list[list[str]]:
+    """TextWorld's own planner (``policy_commands``: a ``replan`` at every step) along the first four ``go to``s."""
+    import textworld
+    from textworld.envs.pddl import PddlEnv
+
+    env = PddlEnv(textworld.EnvInfos(admissible_commands=True, policy_commands=True))
+    env.load(str(games_root() / game))
+    state = env.reset()
+    plans = [state["policy_commands"]]
+    for _ in range(4):
+        state, _, _ = env.step(next(c for c in state["admissible_commands"] if c.startswith("go to ")))
+        plans.append(state["policy_commands"])
+    return plans
+
+
+def test_a_replan_plans_as_shipped(shipped_then_restored):
+    """Where TextWorld re-plans (``policy_commands``), the deferred optimized translation is made then, and every
+    plan along the walk is the shipped one."""
+    (game,) = _one_game_per_type(("Heat",))
+    shipped = _policy_commands_over_a_walk(game)
+    assert all(plan for plan in shipped)
+    shipped_then_restored.setenv(speedups.ENV_VAR, "1")
+    assert speedups.install()
+    before = speedups.stats()
+    patched = _policy_commands_over_a_walk(game)
+    after = speedups.stats()
+    assert patched == shipped
+    assert after["replan_translations_done"] - before["replan_translations_done"] >= 1
 
 
 def test_second_reset_starts_the_game_again(shipped_then_restored):
