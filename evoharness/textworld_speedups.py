@@ -132,17 +132,16 @@ class _ReplanSAS:
     library wrapper below, which keeps it until a ``replan``."""
 
     def __init__(self, translate, domain, problem, verbose):
-        self._translate, self._args, self._bytes = translate, (domain, problem, verbose), None
+        self._translate, self._args = translate, (domain, problem, verbose)
 
     def encode(self, encoding: str = "utf-8"):
         return self
 
     def materialize(self) -> bytes:
-        if self._bytes is None:
-            domain, problem, verbose = self._args
-            self._bytes = self._translate(domain, problem, verbose=verbose, optimize=True)[1].encode("utf-8")
-            _stats["replan_translations_done"] += 1
-        return self._bytes
+        """Translate now (called once: the library wrapper drops a pending translation once loaded)."""
+        domain, problem, verbose = self._args
+        _stats["replan_translations_done"] += 1
+        return self._translate(domain, problem, verbose=verbose, optimize=True)[1].encode("utf-8")
 
 
 def _deferred_replan_sas(original):

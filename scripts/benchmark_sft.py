@@ -34,6 +34,17 @@ from evoharness.rawlog import read_episodes  # noqa: E402
 from evoharness.traces import build_traces  # noqa: E402
 
 
+def _train(cfg, work: Path, traces: Path, base: Path, name: str, sft) -> tuple[dict, float]:
+    """One fresh SFT run (never a resumed one) of ``sft`` through ``evoharness.sft``; returns (result, wall s)."""
+    out = work / name
+    shutil.rmtree(out, ignore_errors=True)
+    spec = {"model_path": str(base), "train_file": str(traces / "train.jsonl"), "valid_file": None,
+            "output_dir": str(out), "sft": dataclasses.asdict(sft), "layout": layout_of(cfg.traces)}
+    t0 = time.time()
+    r = accelerate_launch("evoharness.sft", spec, out, sft.num_processes, config_file=sft.accelerate_config or None)
+    return r, time.time() - t0
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--profile", default="full-parallel-90min-lessons1")
@@ -54,33 +65,23 @@ def main(argv: list[str] | None = None) -> None:
     if not (base / "config.json").exists():
         build_default_model(cfg.model, traces / "train.jsonl", base)
     if a.time_budget_s > 0:
-        out = work / "sft-time-budget"
-        shutil.rmtree(out, ignore_errors=True)
         sft = dataclasses.replace(cfg.sft, time_budget_s=a.time_budget_s, save_steps=10 ** 6)
-        spec = {"model_path": str(base), "train_file": str(traces / "train.jsonl"), "valid_file": None,
-                "output_dir": str(out), "sft": dataclasses.asdict(sft), "layout": layout_of(cfg.traces)}
-        t0 = time.time()
-        r = accelerate_launch("evoharness.sft", spec, out, sft.num_processes, config_file=sft.accelerate_config or None)
+        r, wall = _train(cfg, work, traces, base, "sft-time-budget", sft)
         print(json.dumps({"plan": r["time_budget"], "steps": r["global_step"], "train_runtime_s": r["train_runtime_s"],
                           "calibration_plus_train_s": round(r["time_budget"]["calibration_s"] + r["train_runtime_s"], 1),
-                          "stage_wall_s": round(time.time() - t0, 1)}))
+                          "stage_wall_s": round(wall, 1)}))
         return
     modes = {"off": [False], "on": [True], "both": [False, True]}[a.compile]
     rows = []
     for compiled in modes:
-        out = work / f"sft-compile-{'on' if compiled else 'off'}"
-        shutil.rmtree(out, ignore_errors=True)  # a fresh run each time, never a resumed one
         sft = dataclasses.replace(cfg.sft, max_steps=a.steps, save_steps=10 ** 6, torch_compile=compiled)
-        spec = {"model_path": str(base), "train_file": str(traces / "train.jsonl"), "valid_file": None,
-                "output_dir": str(out), "sft": dataclasses.asdict(sft), "layout": layout_of(cfg.traces)}
-        t0 = time.time()
-        r = accelerate_launch("evoharness.sft", spec, out, sft.num_processes, config_file=sft.accelerate_config or None)
+        r, wall = _train(cfg, work, traces, base, f"sft-compile-{'on' if compiled else 'off'}", sft)
         rows.append({"torch_compile": compiled, "processes": r["world_size"], "precision": r["precision"],
                      "steps": r["global_step"], "steady_steps": r["steady_steps"],
                      "steady_s_per_step": round(r["steady_seconds_per_step"], 3),
                      "steady_tokens_per_s": round(r["steady_tokens_per_s"]),
                      "tokens_per_step": round(r["tokens_seen"] / max(r["global_step"], 1)),
-                     "stage_wall_s": round(time.time() - t0, 1), "last_loss": r["last_loss"]})
+                     "stage_wall_s": round(wall, 1), "last_loss": r["last_loss"]})
         print(json.dumps(rows[-1]), flush=True)
     if len(rows) == 2:
         print(f"torch.compile: {rows[1]['steady_tokens_per_s'] / rows[0]['steady_tokens_per_s']:.2f}x the eager "
