@@ -82,19 +82,31 @@ class StepClock(TrainerCallback):
 
 
 class TimeLimit(TrainerCallback):
-    """Stops training (``control.should_training_stop``; the final model is still saved) once this process has
-    trained ``seconds`` of wall time: the guard behind ``sft.time_budget_s``, whose step count is planned to end
-    before it."""
+    """Stops training (``control.should_training_stop``; the final model is still saved) once rank 0 has trained
+    ``seconds`` of wall time: the guard behind ``sft.time_budget_s``, whose step count is planned to end before it.
+
+    Rank 0's clock decides for every process (a one-element broadcast after each step), so all stop after the same
+    step: a process that went one step further would wait forever in DDP's gradient all-reduce. ``hit`` says
+    whether the guard stopped the run."""
 
     def __init__(self, seconds: float):
-        self.seconds, self.start = seconds, None
+        self.seconds, self.start, self.hit = seconds, None, False
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.start = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.start is not None and time.perf_counter() - self.start > self.seconds:
-            control.should_training_stop = True
+        if self.start is None:
+            return
+        over = time.perf_counter() - self.start > self.seconds
+        if args.world_size > 1:
+            import torch
+            from accelerate import PartialState
+            from accelerate.utils import broadcast
+
+            over = bool(broadcast(torch.tensor([int(over)], device=PartialState().device), from_process=0).item())
+        if over:
+            self.hit = control.should_training_stop = True
 
 
 def _budget_steps(cfg: SFTStageConfig, output_dir: Path, calibration_trainer) -> dict:
@@ -196,11 +208,18 @@ def train_sft(model_path: str, train_file: str, output_dir: str, cfg: SFTStageCo
         budget = _budget_steps(cfg, Path(output_dir), lambda steps, out: make_trainer(
             load_policy(model_path, dtype=cfg.model_dtype)[0], steps, out, False, 10 ** 9, False))
         max_steps = budget["max_steps"]
+    done = _finished_result(Path(output_dir), max_steps, cfg.num_train_epochs)
+    if done is not None:  # transformers trains one more step when resumed from the last one; nothing to do here
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"evoharness.sft: {output_dir} already trained to step {done['global_step']}; its final model "
+                  f"{done['final_path']} is kept (delete result.json to train it again)", flush=True)
+        return done
     trainer = make_trainer(model, max_steps, ckpt_dir, True, cfg.save_steps, True)
     clock = StepClock()
     trainer.add_callback(clock)
-    if budget is not None:
-        trainer.add_callback(TimeLimit(budget["train_seconds"]))
+    limit = TimeLimit(budget["train_seconds"]) if budget is not None else None
+    if limit is not None:
+        trainer.add_callback(limit)
     last = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.exists() else None
     result = trainer.train(resume_from_checkpoint=last)
     final = Path(output_dir) / "final"
@@ -216,7 +235,20 @@ def train_sft(model_path: str, train_file: str, output_dir: str, cfg: SFTStageCo
             "torch_compile": cfg.torch_compile,
             # steady rate: this run's steps after its first tenth (start-up and compilation left out)
             "steady_seconds_per_step": step_s, "steady_tokens_per_s": steady_tps, "steady_steps": steady_steps,
-            "time_budget": budget}
+            "time_budget": budget, "stopped_by_time_limit": bool(limit and limit.hit),
+            "max_steps": max_steps, "num_train_epochs": cfg.num_train_epochs}
+
+
+def _finished_result(output_dir: Path, max_steps: int, num_train_epochs: float) -> dict | None:
+    """The result of a run in ``output_dir`` that already finished what ``max_steps``/``num_train_epochs`` ask
+    (its ``result.json`` asked the same and its final model is saved), else None: a re-run returns it instead of
+    resuming from the last checkpoint (transformers would train one step past the end)."""
+    try:
+        prev = json.loads((output_dir / "result.json").read_text())
+    except (OSError, ValueError):
+        return None
+    same = prev.get("max_steps") == max_steps and prev.get("num_train_epochs") == num_train_epochs
+    return prev if same and (Path(prev.get("final_path", "")) / "config.json").exists() else None
 
 
 def main(argv: list[str] | None = None) -> None:

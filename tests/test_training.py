@@ -2,6 +2,8 @@
 
 import dataclasses
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -83,9 +85,12 @@ def test_sft_two_cpu_processes_run_ddp_with_world_size_2(tmp_path, traces, base_
 def test_time_budget_plans_the_steps_from_a_measured_calibration_and_a_resume_keeps_the_plan(tmp_path, traces,
                                                                                              base_model):
     """``sft.time_budget_s``: both processes train the step count rank 0 planned from its calibration steps, the
-    plan is saved beside the checkpoints, and a re-run resumes to the same step counter instead of re-planning."""
-    cfg = SFTStageConfig(time_budget_s=25, calibration_steps=6, per_device_train_batch_size=1, save_steps=10,
-                         num_processes=2)
+    plan is saved beside the checkpoints, and a re-run resumes to the same step counter instead of re-planning.
+
+    The margin (3x the calibrated seconds a step) keeps the planned steps well inside the budget, so the guard
+    that stops at the budget regardless (tested below) does not race the plan on a slow or busy machine."""
+    cfg = SFTStageConfig(time_budget_s=25, calibration_steps=6, time_budget_margin=3.0,
+                         per_device_train_batch_size=1, save_steps=10, num_processes=2)
     spec = {"model_path": base_model, "train_file": str(traces / "train.jsonl"), "output_dir": str(tmp_path),
             "sft": dataclasses.asdict(cfg)}
     first = accelerate_launch("evoharness.sft", spec, tmp_path, num_processes=2)
@@ -95,10 +100,32 @@ def test_time_budget_plans_the_steps_from_a_measured_calibration_and_a_resume_ke
     assert plan["max_steps"] == int(plan["train_seconds"] / (plan["seconds_per_step"] * cfg.time_budget_margin))
     assert plan["max_steps"] > cfg.calibration_steps
     assert first["world_size"] == 2 and first["global_step"] == plan["max_steps"]
+    assert first["stopped_by_time_limit"] is False
     assert not (tmp_path / "calibration").exists()
+    again = accelerate_launch("evoharness.sft", spec, tmp_path, num_processes=2)
+    assert again == first  # a finished run is not trained further (transformers would add a step)
+    # killed after the checkpoint before the last: the re-run resumes from it, to the planned step
+    last = tmp_path / "checkpoints" / f"checkpoint-{plan['max_steps']}"
+    shutil.rmtree(last), (tmp_path / "result.json").unlink()
     second = accelerate_launch("evoharness.sft", spec, tmp_path, num_processes=2)
     assert second["time_budget"] == plan and second["resumed_from"] is not None
-    assert second["global_step"] == plan["max_steps"]
+    assert second["resumed_from"] != str(last) and second["global_step"] == plan["max_steps"]
+
+
+def test_time_budget_stops_both_processes_at_the_budget_when_the_plan_overruns_it(tmp_path, traces, base_model):
+    """A plan that cannot fit (margin 0.25: four times the steps the calibration says fit) is cut by the guard at
+    the budget: both DDP processes stop after the same step (rank 0 decides; a split stop would hang the
+    all-reduce), the final model is saved, and the result says the time limit stopped it."""
+    cfg = SFTStageConfig(time_budget_s=12, calibration_steps=6, time_budget_margin=0.25,
+                         per_device_train_batch_size=1, save_steps=10 ** 6, num_processes=2)
+    spec = {"model_path": base_model, "train_file": str(traces / "train.jsonl"), "output_dir": str(tmp_path),
+            "sft": dataclasses.asdict(cfg)}
+    result = accelerate_launch("evoharness.sft", spec, tmp_path, num_processes=2)
+    plan = result["time_budget"]
+    assert result["stopped_by_time_limit"] is True
+    assert 0 < result["global_step"] < plan["max_steps"]
+    assert result["train_runtime_s"] < plan["train_seconds"] + 5
+    assert (Path(result["final_path"]) / "config.json").exists()
 
 
 @pytest.mark.parametrize("avx512_bf16, amx, expected",
