@@ -32,8 +32,10 @@ def pipeline_summary(ev: dict, parent_ev: dict, model: dict, grpo: dict, sft: di
         "parent_evaluation": ({k: parent_ev.get(k) for k in EVAL_KEYS} | {"mlflow_run_id": parent_ev["mlflow_run_id"]}
                               if parent_ev else None),
         "promotion": promotion,
+        # the time-budget fields (sft.time_budget_s): the plan, and whether the guard rather than the plan ended it
         "sft": {k: sft.get(k) for k in ("global_step", "first_loss", "last_loss", "parameters", "world_size",
-                                        "train_runtime_s", "tokens_seen")},
+                                        "train_runtime_s", "tokens_seen", "max_steps", "steady_seconds_per_step",
+                                        "steady_tokens_per_s", "time_budget", "stopped_by_time_limit")},
         "traces": {k: traces.get(k) for k in ("episodes", "kept", "dagger_episodes", "train_rows", "valid_rows",
                                              "content_hash")},
         "data": data,
@@ -71,6 +73,12 @@ def print_summary(s: dict) -> None:
         for m in META_ACTIONS:
             print(f"{m:<12}{g['first_step'][m]:>11.2f}{g['last_step'][m]:>11.2f}"
                   f"{s['meta_actions_per_episode'][m]:>11.2f}{p['meta_actions_per_episode'][m]:>10.2f}")
+    t = s["sft"]
+    if t.get("global_step"):
+        plan = t.get("time_budget") or {}
+        print(f"\nSFT: {t['global_step']} steps in {t['train_runtime_s'] or 0:.0f} s, {t['tokens_seen'] or 0:,} tokens"
+              + (f"; time budget {plan['time_budget_s']:.0f} s planned {plan['max_steps']} steps" if plan else "")
+              + ("; stopped by the time budget" if t.get("stopped_by_time_limit") else ""))
     pr = s["promotion"]
     print(f"\nregistered {s['model_uri']} (alias candidate); champion: "
           f"{'moved to it' if pr['promoted'] else 'kept at v' + str(pr['champion_version'])}")

@@ -118,6 +118,7 @@ def sft_task(cfg: PipelineConfig, traces: dict, work_dir: str, parent_run_id: st
             mlflow.log_metrics({f"time_budget.{k}": v for k, v in result["time_budget"].items()})
         mlflow.set_tags({f"layout.{k}": v for k, v in layout_of(cfg.traces).items()})
         mlflow.set_tag("sft.precision", result.get("precision", ""))
+        mlflow.set_tag("sft.stopped_by_time_limit", str(bool(result.get("stopped_by_time_limit"))).lower())
         result["run_id"] = run.info.run_id
         result["base_model"] = cfg.model.path or "embedded-default"
     get_run_logger().info(f"sft: {result['global_step']} steps, loss {result['first_loss']} -> {result['last_loss']}")

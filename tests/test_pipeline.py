@@ -54,6 +54,8 @@ def test_pipeline_summary(first_run, pipeline_repo):
     assert s["data"]["md5"] == dvc_md5(pipeline_repo) and s["data"]["status"] == "collected"
     assert (pipeline_repo / "summary.json").exists()
     assert s["model_uri"] == "models:/evoharness-policy/1"
+    # no sft.time_budget_s in `tiny`: no plan, and the epoch, not the time guard, ended training
+    assert s["sft"]["global_step"] > 0 and s["sft"]["time_budget"] is None and s["sft"]["stopped_by_time_limit"] is False
 
 
 def test_mlflow_runs_metrics_registry_and_lineage(first_run, pipeline_repo):
@@ -76,6 +78,7 @@ def test_mlflow_runs_metrics_registry_and_lineage(first_run, pipeline_repo):
     assert "annealing.png" in [a.path for a in client.list_artifacts(grpo.info.run_id)]
     sft = by_name["sft"]
     assert client.get_metric_history(sft.info.run_id, "loss"), "SFT loss curve missing"
+    assert sft.data.tags["sft.stopped_by_time_limit"] == "false"
     assert by_name["build_traces"].data.tags["trace_hash"] == first_run["traces"]["content_hash"]
     ev = by_name["evaluate-valid_seen"].data.metrics
     assert ev["episodes"] == 2 and ev["success_rate"] == first_run["success_rate"]
