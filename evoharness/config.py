@@ -16,6 +16,21 @@ from pathlib import Path
 import yaml
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+# Product profiles lie in ``profiles/``; the records of past experiments, still loadable by name, in
+# ``profiles/experiments/``. A name is looked up in that order.
+PROFILE_DIRS = (PROFILES_DIR, PROFILES_DIR / "experiments")
+
+
+def profile_path(name: str) -> Path:
+    """The YAML file of profile ``name``: ``profiles/<name>.yaml``, else ``profiles/experiments/<name>.yaml``; the
+    first candidate when neither exists (the caller reports it missing)."""
+    candidates = [d / f"{name}.yaml" for d in PROFILE_DIRS]
+    return next((c for c in candidates if c.exists()), candidates[0])
+
+
+def known_profiles() -> list[str]:
+    """Every profile name, product and experiment, sorted."""
+    return sorted({p.stem for d in PROFILE_DIRS for p in d.glob("*.yaml")})
 
 
 @dataclass
@@ -439,7 +454,7 @@ def _read_profile(path: Path, seen: tuple = ()) -> dict:
     parent = raw.pop("extends", None)
     if parent is None:
         return raw
-    parent_path = PROFILES_DIR / f"{parent}.yaml"
+    parent_path = profile_path(parent)
     if not parent_path.exists() or parent in seen:
         raise ValueError(f"{path}: extends {parent!r}, which is missing or a cycle ({parent_path})")
     merged = _read_profile(parent_path, seen + (path.stem,))
@@ -452,7 +467,7 @@ def load_profile(name_or_path: str = "default", overrides: dict | None = None) -
     """Resolve a profile into a ``PipelineConfig``.
 
     Args:
-        name_or_path: a profile name (``profiles/<name>.yaml``) or a path to a YAML file. A profile may start
+        name_or_path: a profile name (``profiles/<name>.yaml`` or ``profiles/experiments/<name>.yaml``) or a path to a YAML file. A profile may start
             from another with ``extends: <name>``; its sections' fields override the parent's field by field.
         overrides: ``{"section": {"field": value}}`` applied after the profile.
 
@@ -462,9 +477,9 @@ def load_profile(name_or_path: str = "default", overrides: dict | None = None) -
     """
     path = Path(name_or_path)
     if not path.suffix:
-        path = PROFILES_DIR / f"{name_or_path}.yaml"
+        path = profile_path(name_or_path)
     if not path.exists():
-        known = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+        known = known_profiles()
         raise FileNotFoundError(f"profile {name_or_path!r} not found ({path}); available: {known}")
     raw = _read_profile(path)
     for section, values in (overrides or {}).items():
