@@ -23,7 +23,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
 export PYTHONUNBUFFERED := 1
 export PREFECT_RESULTS_LOCAL_STORAGE_PATH ?= $(CURDIR)/runs/prefect-results
 
-.PHONY: run test venv data clean-runs deploy deploy-stop evaluate lineage collect
+.PHONY: run test venv data clean-runs deploy deploy-stop evaluate lineage collect register-release
 
 run: venv data
 	$(PY) -m flows.pipeline $(ARGS)
@@ -76,3 +76,9 @@ deploy-stop:
 
 clean-runs:
 	rm -rf runs
+
+# A release folder (models/<name>) into the local MLflow registry, its model card's lineage as version tags:
+#   make register-release RELEASE=models/evoharness-full-sft
+RELEASE ?= models/evoharness-full-sft
+register-release: venv
+	$(PY) -m evoharness.release register $(RELEASE)

@@ -204,13 +204,19 @@ PIECES = {
 @dataclass
 class ModelConfig:
     """The policy model. ``path`` empty means the embedded default: a Qwen3-architecture model built from
-    the sizes below with a byte-level BPE tokenizer trained on the traces; otherwise any local or hub path, or a
-    registered version ``models:/NAME/VERSION`` that SFT trains further (an alias is refused: ValueError).
+    the sizes below with a byte-level BPE tokenizer trained on the traces; otherwise a release folder
+    (``models/<name>``, ``evoharness.release``), any local or hub path, or a registered version
+    ``models:/NAME/VERSION`` that SFT trains further (an alias is refused: ValueError). A model that records its
+    context layout (``evoharness_layout``) must be trained on traces of that layout (``traces``).
+    ``from_champion``: start from the registered ``champion`` of ``registered_model_name`` when there is one, else
+    from ``path`` (a release, registered first and made champion when it reaches ``promote.min_success``): the
+    retraining job of the ``default`` profile.
     ``pieces``: the embedded tokenizer's pre-tokenizer, ``words-apart`` or ``trailing-space``
     (``PIECES``: the same names as token ids in observations and calls; trailing-space takes about
     19 % fewer tokens per example)."""
 
     path: str = ""
+    from_champion: bool = False
     pieces: str = "words-apart"
     vocab_size: int = 2048
     hidden_size: int = 128
@@ -411,6 +417,18 @@ class EvalConfig:
 
 
 @dataclass
+class PromoteConfig:
+    """When ``champion`` moves: to a candidate whose success rate on the evaluated games is at least the
+    champion's on the same games and at least ``min_success`` (a policy that cannot play never becomes champion)."""
+
+    min_success: float = 0.5
+
+    def __post_init__(self):
+        if not 0.0 <= self.min_success <= 1.0:
+            raise ValueError(f"promote.min_success is {self.min_success}; use a success rate in [0, 1]")
+
+
+@dataclass
 class PipelineConfig:
     """All stages' configs plus the registered model's name."""
 
@@ -423,6 +441,7 @@ class PipelineConfig:
     sft: SFTStageConfig = field(default_factory=SFTStageConfig)
     grpo: GRPOStageConfig = field(default_factory=GRPOStageConfig)
     evaluate: EvalConfig = field(default_factory=EvalConfig)
+    promote: PromoteConfig = field(default_factory=PromoteConfig)
     registered_model_name: str = "evoharness-policy"
 
     def to_dict(self) -> dict:
@@ -444,6 +463,7 @@ _SECTIONS = {
     "sft": SFTStageConfig,
     "grpo": GRPOStageConfig,
     "evaluate": EvalConfig,
+    "promote": PromoteConfig,
 }
 
 

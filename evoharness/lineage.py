@@ -105,6 +105,8 @@ def audit(model_uri: str, repo: str | Path, out=print) -> dict:
     client = MlflowClient()
     mv = client.get_model_version(name, version)
     tags = mv.tags
+    if tags.get("release") and not tags.get("pipeline_run_id"):
+        return audit_release(name, version, mv, repo, out)
     required = ("dvc_md5", "data_rev", "trace_hash", "git_commit", "pipeline_run_id", "parent_model_run_id")
     missing = [t for t in required if not tags.get(t)]
     if missing:
@@ -146,6 +148,47 @@ def audit(model_uri: str, repo: str | Path, out=print) -> dict:
         found["harness_diff"] = {"model": model_summary["meta_actions_per_episode"],
                                  "parent": parent_summary["meta_actions_per_episode"]}
     return found
+
+
+def audit_release(name: str, version: str, mv, repo: str | Path, out=print) -> dict:
+    """The lineage of a version registered from a release folder (``evoharness.release.register_release``): its
+    training ran on another machine, so its runs are not in this store. Prints what the release's card records and
+    verifies what this checkout can: the source commit is in its history, and ``<data_path>.dvc`` at that commit
+    (or, when the data was committed after the code, at HEAD) names the recorded data md5. Raises LineageError
+    when either does not hold."""
+    import subprocess
+
+    from evoharness.rawlog import dvc_md5
+
+    tags = mv.tags
+    out(f"model      {name} version {version}  aliases {mv.aliases}  release {tags['release']} "
+        f"({tags.get('release_path')})")
+    out("training   its training run is NOT in this store: the release was trained elsewhere and registered "
+        "from its folder. What its model card records instead:")
+    for key in ("source_commit", "profile", "config_digest", "data_path", "dvc_md5", "trace_hash", "trained_until"):
+        out(f"           {key:<15}{tags.get(key)}")
+    commit, data_path = tags.get("source_commit") or "", tags.get("data_path") or "data"
+    known = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=repo, capture_output=True)
+    if known.returncode != 0:
+        raise LineageError(f"source commit {commit!r} is not in the history of {repo}: fetch the repository the "
+                           f"release came from")
+    found = {}
+    for rev in dict.fromkeys((commit, "HEAD")):  # the data version is committed at or after the code that used it
+        try:
+            found[rev] = dvc_md5(repo, rev, f"{data_path}.dvc")
+        except FileNotFoundError:
+            found[rev] = None
+    rev = next((r for r, m in found.items() if m == tags.get("dvc_md5")), None)
+    if rev is None:
+        raise LineageError(f"{data_path}.dvc names md5 {found} at the source commit and HEAD, the release records "
+                           f"{tags.get('dvc_md5')}: check out the repository the release came from")
+    out(f"code       git {commit} is in this checkout's history")
+    out(f"data       {data_path}.dvc at {rev if rev == 'HEAD' else rev[:12]} names md5 {found[rev]}: matches. The logs "
+        f"themselves: `make collect ARGS=\"--profile {tags.get('profile')}\"` regenerates them (collection is "
+        f"deterministic)")
+    evals = [e for e in tags.get("evaluation_run_ids", "").split(",") if e]
+    out(f"evaluated  {evals or 'never'} (recorded in the release, not replayed)")
+    return {"name": name, "version": version, "release": tags["release"], "rev": commit, "evaluations": evals}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,8 @@
 Each registered version carries its evaluations as tags: ``eval.<split>.<games sha>.success_rate`` and
 ``eval.<split>.<games sha>.run_id`` (``games sha`` fingerprints the exact game list), plus ``evaluation_run_ids``.
 The ``champion`` alias moves to a candidate only when the candidate's success rate on the same split and games is
-at least the champion's (MLflow registry aliases: https://mlflow.org/docs/latest/model-registry).
+at least the champion's and at least a floor (``promote.min_success``), so a policy that cannot play never becomes
+champion (MLflow registry aliases: https://mlflow.org/docs/latest/model-registry).
 """
 
 from __future__ import annotations
@@ -72,10 +73,11 @@ def recorded_success(name: str, version: str, split: str, games: list[str]) -> f
     return float(tag) if tag is not None else None
 
 
-def promote(name: str, candidate: str, split: str, games: list[str], evaluate_version) -> dict:
-    """Move alias ``champion`` to version ``candidate`` if its success rate on (split, games) is at least the
-    champion's; the champion is evaluated on those games first when it has no such record
-    (``evaluate_version(version) -> success_rate``). Returns the comparison, with ``promoted``.
+def promote(name: str, candidate: str, split: str, games: list[str], evaluate_version,
+            min_success: float = 0.0) -> dict:
+    """Move alias ``champion`` to version ``candidate`` if its success rate on (split, games) is at least
+    ``min_success`` and at least the champion's; the champion is evaluated on those games first when it has no such
+    record (``evaluate_version(version) -> success_rate``). Returns the comparison, with ``promoted`` and ``reason``.
     """
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
@@ -93,8 +95,42 @@ def promote(name: str, candidate: str, split: str, games: list[str], evaluate_ve
         champ = recorded_success(name, champion, split, games)
         if champ is None:
             champ = evaluate_version(champion)
-    promoted = champion is None or champion == candidate or cand >= champ
+    if cand < min_success:
+        promoted, reason = False, f"below the floor promote.min_success {min_success:.3f}"
+    elif champion is None or champion == candidate:
+        promoted, reason = True, "no champion yet" if champion is None else "already champion"
+    else:
+        promoted = cand >= champ
+        reason = "not worse than the champion" if promoted else "worse than the champion"
     if promoted:
         client.set_registered_model_alias(name, "champion", candidate)
     return {"candidate_version": candidate, "candidate_success_rate": cand, "champion_version": champion,
-            "champion_success_rate": champ, "split": split, "games_sha": games_sha(games), "promoted": promoted}
+            "champion_success_rate": champ, "split": split, "games_sha": games_sha(games), "promoted": promoted,
+            "min_success": min_success, "reason": reason}
+
+
+def alias_version(name: str, alias: str) -> str | None:
+    """The version ``alias`` points at in registered model ``name``, or None (no such model or alias)."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return str(MlflowClient().get_model_version_by_alias(name, alias).version)
+    except MlflowException:
+        return None
+
+
+def experience_of(model_uri: str, dst: str) -> str | None:
+    """Download the Experience store a registered version plays with (its tag ``experience_artifact``, an artifact
+    of the run that logged it) into ``dst``; None when the version records none."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    parsed = parse_model_uri(model_uri)
+    if parsed is None:
+        return None
+    mv = MlflowClient().get_model_version(*parsed)
+    artifact = mv.tags.get("experience_artifact")
+    if not artifact or not mv.run_id:
+        return None
+    return mlflow.artifacts.download_artifacts(run_id=mv.run_id, artifact_path=artifact, dst_path=dst)

@@ -61,18 +61,24 @@ def print_summary(s: dict) -> None:
         print("meta-actions per episode: " + ", ".join(f"{m} {s['meta_actions_per_episode'][m]:.2f}"
                                                         for m in META_ACTIONS))
     else:
-        print(f"{'task type':<10}{'episodes':>9}{'GRPO':>8}{'SFT':>8}")
+        a, b = ("candidate", "parent") if s.get("parent_model_uri", "").startswith("models:/") else ("GRPO", "SFT")
+        print(f"{'task type':<10}{'episodes':>9}{a:>10}{b:>8}")
         for k, v in s["success_by_task_type"].items():
-            print(f"{k:<10}{s['episodes_by_task_type'][k]:>9}{v:>8.3f}{p['success_by_task_type'][k]:>8.3f}")
-        print(f"{'All':<10}{s['episodes']:>9}{s['success_rate']:>8.3f}{p['success_rate']:>8.3f}")
-        print(f"mean steps {s['mean_steps']:.1f} (SFT {p['mean_steps']:.1f}); generated tokens/episode "
-              f"{s['generated_tokens_per_episode']:.0f} (SFT {p['generated_tokens_per_episode']:.0f})")
-        print(f"\n{'meta-action':<12}{'GRPO first':>11}{'GRPO last':>11}{'eval GRPO':>11}{'eval SFT':>10}"
-              "   (per episode)")
+            print(f"{k:<10}{s['episodes_by_task_type'][k]:>9}{v:>10.3f}{p['success_by_task_type'][k]:>8.3f}")
+        print(f"{'All':<10}{s['episodes']:>9}{s['success_rate']:>10.3f}{p['success_rate']:>8.3f}")
+        print(f"mean steps {s['mean_steps']:.1f} ({b} {p['mean_steps']:.1f}); generated tokens/episode "
+              f"{s['generated_tokens_per_episode']:.0f} ({b} {p['generated_tokens_per_episode']:.0f})")
+        t = s.get("paired_test")
+        if t:
+            print(f"paired on the same {t['games']} games: {a} won {t['won_a']}, {b} ({s['parent_model_uri']}) won "
+                  f"{t['won_b']}; only {a} {t['only_a']}, only {b} {t['only_b']}; exact McNemar p = {t['p']:.3f}")
         g = s["grpo_meta_actions_per_episode"]
+        print(f"\n{'meta-action':<12}{'GRPO first':>11}{'GRPO last':>11}{'eval ' + a:>16}{'eval ' + b:>12}"
+              "   (per episode)")
         for m in META_ACTIONS:
-            print(f"{m:<12}{g['first_step'][m]:>11.2f}{g['last_step'][m]:>11.2f}"
-                  f"{s['meta_actions_per_episode'][m]:>11.2f}{p['meta_actions_per_episode'][m]:>10.2f}")
+            first, last = (f"{g['first_step'][m]:>11.2f}", f"{g['last_step'][m]:>11.2f}") if g else ("-", "-")
+            print(f"{m:<12}{first:>11}{last:>11}{s['meta_actions_per_episode'][m]:>16.2f}"
+                  f"{p['meta_actions_per_episode'][m]:>12.2f}")
     t = s["sft"]
     if t.get("global_step"):
         plan = t.get("time_budget") or {}
@@ -80,8 +86,9 @@ def print_summary(s: dict) -> None:
               + (f"; time budget {plan['time_budget_s']:.0f} s planned {plan['max_steps']} steps" if plan else "")
               + ("; stopped by the time budget" if t.get("stopped_by_time_limit") else ""))
     pr = s["promotion"]
+    kept = f"kept at v{pr['champion_version']}" if pr["champion_version"] else "none"
     print(f"\nregistered {s['model_uri']} (alias candidate); champion: "
-          f"{'moved to it' if pr['promoted'] else 'kept at v' + str(pr['champion_version'])}")
+          f"{'moved to it' if pr['promoted'] else kept} ({pr.get('reason', '')})")
     print(f"data: {s['data']['status']}, DVC md5 {s['data']['md5']}; trace hash {s['traces']['content_hash'][:16]}")
     print(f"MLflow run id: {s['mlflow_run_id']}")
 

@@ -1,6 +1,6 @@
 """Evaluation alone: play a split with any policy.
 
-    python -m flows.evaluate --policy MODEL_PATH|models:/NAME@ALIAS|expert|random --split NAME [--limit N]
+    python -m flows.evaluate --policy RELEASE|MODEL_PATH|models:/NAME@ALIAS|expert|random --split NAME [--limit N]
                              [--summary-json FILE] [--profile NAME] [--decoding remap|score] [--work-dir DIR]
                              [--workers W] [--meta-only-turns] [--ground-track | --no-ground-track]
 
@@ -8,6 +8,10 @@
 earlier, interrupted evaluation of the same policy with the same settings (or that ``evaluate-<split>`` folder
 itself) resumes there: its finished episodes are kept and only the missing games, and those whose environment
 failed, are played (``evoharness.evaluate.evaluate``).
+
+A release folder (``models/<name>``, ``evoharness.release``) plays with its own settings (``release.json``: step and
+meta-action budgets, decoding, workers, cost model) and its own Experience store unless ``--profile`` or a flag says
+otherwise, so ``--policy models/<name>`` alone gives back the figures of its model card.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 from prefect import flow
 
 from evoharness.config import load_profile
+from evoharness.release import experience_path, is_release, play_settings
 from evoharness.report import write_summary
 from evoharness.tracking import configure, git_info
 from tasks.evaluation import evaluate_task
@@ -28,7 +33,7 @@ REPO = str(Path(__file__).resolve().parent.parent)
 
 
 @flow(name="evoharness-evaluate", log_prints=True)
-def evaluate_flow(policy: str, split: str = "valid_seen", limit: int = 0, profile: str = "default",
+def evaluate_flow(policy: str, split: str = "valid_seen", limit: int = 0, profile: str | None = None,
                   summary_json: str | None = None, repo: str = REPO, decoding: str | None = None,
                   work_dir: str | None = None, workers: int | None = None, act_each_turn: bool | None = None,
                   ground_track: bool | None = None) -> dict:
@@ -37,19 +42,24 @@ def evaluate_flow(policy: str, split: str = "valid_seen", limit: int = 0, profil
     evaluation there (see the module docstring); raises ValueError when it holds another policy's or settings'.
     ``workers`` overrides ``evaluate.workers`` (processes, ``evoharness.eval_workers``); ``act_each_turn`` overrides
     ``evaluate.act_each_turn`` (``EvalConfig``: a parallel-calls turn without an act gets one scored);
-    ``ground_track`` overrides ``evaluate.ground_track`` (a track's names scored over the latest observation's)."""
-    cfg = load_profile(profile)
-    ev_cfg = dataclasses.replace(cfg.evaluate, split=split, limit=limit, decoding=decoding or cfg.evaluate.decoding,
-                                 workers=cfg.evaluate.workers if workers is None else workers,
-                                 act_each_turn=cfg.evaluate.act_each_turn if act_each_turn is None else act_each_turn,
-                                 ground_track=cfg.evaluate.ground_track if ground_track is None else ground_track)
+    ``ground_track`` overrides ``evaluate.ground_track`` (a track's names scored over the latest observation's).
+    ``profile``: the settings to play with (default: a release's own, ``release.json``; else ``default``)."""
+    cfg = load_profile(profile or "default")
+    overrides = {"split": split, "limit": limit, "decoding": decoding, "workers": workers,
+                 "act_each_turn": act_each_turn, "ground_track": ground_track}
+    experience = None
+    if is_release(policy):
+        experience = experience_path(policy)
+        if profile is None:
+            cfg.evaluate, cfg.cost = play_settings(policy, overrides)
+    ev_cfg = dataclasses.replace(cfg.evaluate, **{k: v for k, v in overrides.items() if v is not None})
     configure(repo)
     work = work_folder(work_dir, split, repo)
     import mlflow
 
     with mlflow.start_run(run_name=f"evaluate-{split}", tags={**git_info(repo), "policy": policy}) as run:
-        summary = evaluate_task(policy, ev_cfg, cfg.cost, str(work), run.info.run_id, model_uri=policy,
-                                workspace_cfg=cfg.traces)
+        summary = evaluate_task(policy, ev_cfg, cfg.cost, str(work), run.info.run_id, experience_path=experience,
+                                model_uri=policy, workspace_cfg=cfg.traces)
     summary["model_uri"] = policy
     print(f"{policy} on {split}: success {summary['success_rate']:.3f} over {summary['episodes']} episodes; "
           f"by task type {summary['success_by_task_type']}; MLflow run {summary['mlflow_run_id']}")
@@ -72,10 +82,12 @@ def work_folder(work_dir: str | None, split: str, repo: str = REPO) -> Path:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description="Evaluate a policy on an ALFWorld split.")
-    p.add_argument("--policy", required=True, help="model folder, models:/NAME@ALIAS, expert or random")
+    p.add_argument("--policy", required=True,
+                   help="release folder (models/NAME), model folder, models:/NAME@ALIAS, expert or random")
     p.add_argument("--split", default="valid_seen")
     p.add_argument("--limit", type=int, default=0, help="N games evenly spaced over the split (0 = all)")
-    p.add_argument("--profile", default="default")
+    p.add_argument("--profile", default=None,
+                   help="settings to play with (default: a release's own, else the default profile's)")
     p.add_argument("--summary-json", default=None)
     p.add_argument("--decoding", default=None, choices=["remap", "score"],
                    help="how an act call becomes an admissible command (default: the profile's)")

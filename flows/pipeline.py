@@ -5,11 +5,19 @@
 
 ``--until sft`` stops training after SFT: the SFT policy is registered (alias ``candidate``), evaluated and
 considered for ``champion``, with no GRPO stage.
+
+With ``model.from_champion`` (the ``default`` profile: the retraining job platform teams schedule) the run starts
+from the registered ``champion``, or from the release in ``model.path`` when the registry has none: it fine-tunes
+that policy briefly on the newly collected traces, runs cost-aware GRPO, evaluates the candidate and its parent on
+the same games (the parent's recorded outcomes reused when recorded with the same settings), prints both with an
+exact paired test, and moves ``champion`` only to a candidate that is not worse and reaches
+``promote.min_success``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from pathlib import Path
 
@@ -18,9 +26,17 @@ from prefect import flow
 from evoharness.config import load_profile
 from evoharness.rawlog import dagger_policy
 from evoharness.report import pipeline_summary, print_summary, write_summary
+from evoharness.stats import mcnemar_exact
 from tasks.caching import run_stage
 from tasks.data import collect_task, ingest_task, set_parent_tags
-from tasks.evaluation import evaluate_task, promote_task, recorded_evaluation, register_task
+from tasks.evaluation import (
+    evaluate_task,
+    promote_task,
+    recorded_evaluation,
+    register_task,
+    release_parent_evaluation,
+    start_policy_task,
+)
 from tasks.run import pipeline_run
 from tasks.traces import build_traces_task
 from tasks.training import grpo_task, sft_from_model_task, sft_task
@@ -52,6 +68,11 @@ def pipeline(profile: str = "default", data_rev: str | None = None, split: str |
 
     with pipeline_run("pipeline", cfg, repo, data_rev) as parent:
         pid = parent.info.run_id
+        start = None
+        if cfg.model.from_champion and not sft_model:  # retrain the champion (or the release) on the new data
+            release = cfg.model.path if Path(cfg.model.path).is_absolute() else str(Path(repo) / cfg.model.path)
+            start = start_policy_task(cfg.registered_model_name, release, runs, cfg.promote.min_success, pid)
+            cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=start["path"]))
         data = collect_task(cfg, repo, pid)
         lap("collect")
         episodes, md5 = ingest_task(repo, data_rev, pid, cfg.ingest.on_error, cfg.collect.path)
@@ -73,25 +94,36 @@ def pipeline(profile: str = "default", data_rev: str | None = None, split: str |
             sft, hit = run_stage(sft_task, cfg, traces, runs, pid)
         lap("sft", hit)
         grpo = None
-        if until == "grpo":
-            grpo, hit = run_stage(grpo_task, cfg, sft, traces, runs, pid)
+        if until == "grpo":  # GRPO recalls from the Experience store of the policy it starts from
+            exp = (start or {}).get("experience_path") or sft.get("experience_path") or traces["experience_path"]
+            grpo, hit = run_stage(grpo_task, cfg, sft, traces | {"experience_path": exp}, runs, pid)
             lap("grpo", hit)
-        final = grpo or {"final_path": sft["final_path"], "experience_path": traces["experience_path"]}
+        final = grpo or {"final_path": sft["final_path"],
+                         "experience_path": (start or {}).get("experience_path") or traces["experience_path"]}
         lineage = {"data_rev": data_rev or "workspace", "dvc_md5": md5, "data_path": data_path,
                    **{f"dagger_policy.{k}": v for k, v in dagger_policies.items()},
                    "trace_hash": traces["content_hash"], "trace_run_id": traces["run_id"],
                    "parent_model_run_id": sft["run_id"], "trained_until": until,
                    **({"parent_model_uri": sft["model_uri"]} if sft_model else {}),
+                   **({"parent_model_uri": start["model_uri"], "started_from": start["source"]} if start else {}),
                    **({"base_model": sft["base_model"]} if sft.get("base_model") else {}), "pipeline_run_id": pid,
                    "config_digest": cfg.digest(),
                    **({"grpo_run_id": grpo["run_id"]} if grpo else {}),
                    **{k: parent.data.tags[k] for k in ("git_commit", "git_dirty", "profile",
                                                        "prefect_flow_run_id", "prefect_deployment_id")}}
-        model = register_task(final["final_path"], cfg.registered_model_name, lineage, cfg.to_dict(), traces, pid)
+        model = register_task(final["final_path"], cfg.registered_model_name, lineage, cfg.to_dict(), traces, pid,
+                              final["experience_path"])
         lap("register")
         ev = evaluate_task(final["final_path"], cfg.evaluate, cfg.cost, evals, pid, final["experience_path"],
                            model["model_uri"], workspace_cfg=cfg.traces)
         parent_ev = None
+        if start:  # the policy this run started from, on the same games: recorded outcomes first
+            parent_ev = (recorded_evaluation(start["model_uri"], cfg.evaluate)
+                         or release_parent_evaluation(start, cfg.registered_model_name, cfg.evaluate, pid))
+            if parent_ev is None:
+                parent_ev = evaluate_task(start["path"], cfg.evaluate, cfg.cost, evals, pid, start["experience_path"],
+                                          start["model_uri"], name=f"evaluate-parent-{cfg.evaluate.split}",
+                                          parent_of=model["model_uri"], workspace_cfg=cfg.traces)
         if grpo and sft_model:  # a registered SFT model evaluated on these games with these settings: reuse it
             parent_ev = recorded_evaluation(sft["model_uri"], cfg.evaluate)
         if grpo and parent_ev is None:
@@ -101,10 +133,16 @@ def pipeline(profile: str = "default", data_rev: str | None = None, split: str |
                                       workspace_cfg=cfg.traces)
         lap("evaluate")
         decision = promote_task(model, cfg.registered_model_name, ev, cfg.evaluate, cfg.cost, evals, pid,
-                                workspace_cfg=cfg.traces)
+                                workspace_cfg=cfg.traces, min_success=cfg.promote.min_success)
         lap("promote")
         summary = pipeline_summary(ev, parent_ev, model, grpo, sft, traces, data, walls, cached, decision, pid,
                                    lineage)
+        # where this run's policy, lessons and evaluation lie (``python -m evoharness.release export`` takes them)
+        summary["paths"] = {"final_path": final["final_path"], "experience_path": final["experience_path"],
+                            "transcripts": ev.get("transcripts"), "sft_dir": str(Path(sft["final_path"]).parent)}
+        if parent_ev is not None:  # candidate (a) against its parent (b) on the same games
+            summary["paired_test"] = mcnemar_exact(ev["won_by_game"], parent_ev["won_by_game"])
+            summary["parent_model_uri"] = (start or {}).get("model_uri") or sft.get("model_uri") or sft["final_path"]
     print_summary(summary)
     if summary_json:
         write_summary(summary, summary_json)

@@ -17,9 +17,8 @@ import json
 import sys
 from pathlib import Path
 
-from scipy.stats import binomtest
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from evoharness.stats import mcnemar_exact  # noqa: E402,F401  (re-exported for callers of this script)
 from evoharness.transcript import load_episodes  # noqa: E402
 
 
@@ -46,23 +45,6 @@ def load_outcomes(path: str | Path) -> dict[str, bool]:
         if not isinstance(row, dict) or "game" not in row or "won" not in row:
             raise ValueError(f"{path}, episode {i}: no 'game' and 'won' fields; expected a transcripts.jsonl row")
     return {row["game"]: bool(row["won"]) for row in episodes}
-
-
-def mcnemar_exact(a: dict[str, bool], b: dict[str, bool]) -> dict:
-    """Counts over the games in both and the exact two-sided McNemar p-value.
-
-    Returns ``games``, ``won_a``, ``won_b``, ``both``, ``neither``, ``only_a``, ``only_b`` and ``p`` (1.0 when no
-    game is won by one only). Raises ValueError when the two share no game."""
-    games = sorted(set(a) & set(b))
-    if not games:
-        raise ValueError("the two evaluations share no game: were they run on the same split?")
-    only_a = sum(a[g] and not b[g] for g in games)
-    only_b = sum(b[g] and not a[g] for g in games)
-    n = only_a + only_b
-    return {"games": len(games), "won_a": sum(a[g] for g in games), "won_b": sum(b[g] for g in games),
-            "both": sum(a[g] and b[g] for g in games), "neither": sum(not a[g] and not b[g] for g in games),
-            "only_a": only_a, "only_b": only_b,
-            "p": binomtest(only_a, n, 0.5, alternative="two-sided").pvalue if n else 1.0}
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import mlflow
@@ -12,12 +13,15 @@ from evoharness.alfworld_env import list_games
 from evoharness.config import CostConfig, EvalConfig, TraceConfig
 from evoharness.evaluate import evaluate, spread
 from evoharness.registry import (
+    alias_version,
+    experience_of,
     link_evaluation,
     link_parent_evaluation,
     parse_model_uri,
     promote,
     recorded_evaluation_tag,
 )
+from evoharness.release import ReleaseError, is_release, read_release, record_evaluation, register_release
 from evoharness.tracking import flat, log_and_register, log_trace_dataset, start_run
 from tasks.caching import RETRY, transient_only
 
@@ -72,6 +76,7 @@ def evaluate_task(
     if parent_of:
         link_parent_evaluation(parent_of, run.info.run_id)
     summary["games"] = games
+    summary["transcripts"] = str(out / "transcripts.jsonl")
     log.info(f"{name}: success {summary['success_rate']:.3f} over {summary['episodes']} episodes")
     if summary["environment_failures"]:
         flags = "" if cfg.act_each_turn else " --meta-only-turns"
@@ -115,14 +120,21 @@ def recorded_evaluation(model_uri: str, cfg: EvalConfig) -> dict | None:
     cache_policy=NO_CACHE,
 )
 def register_task(
-    model_path: str, registered_name: str, lineage: dict, config: dict, trace_dataset: dict, parent_run_id: str
+    model_path: str, registered_name: str, lineage: dict, config: dict, trace_dataset: dict, parent_run_id: str,
+    experience_path: str | None = None,
 ) -> dict:
     """Log the final policy, register it under ``registered_name`` with alias ``candidate``, lineage tags, the
-    resolved config and the trace dataset as the run's MLflow dataset input."""
+    resolved config and the trace dataset as the run's MLflow dataset input. ``experience_path``: the Experience
+    store it plays with, logged beside it (version tag ``experience_artifact``), so that a later run starting from
+    this version, or evaluating it, recalls the same lessons."""
     with start_run("register", parent_run_id, tags=lineage):
         mlflow.log_dict(config, "config.json")
         log_trace_dataset(trace_dataset["train_file"], trace_dataset["content_hash"])
-        info = log_and_register(model_path, registered_name, "candidate", lineage)
+        tags = dict(lineage)
+        if experience_path and Path(experience_path).is_file():
+            mlflow.log_artifact(experience_path, "experience")
+            tags["experience_artifact"] = f"experience/{Path(experience_path).name}"
+        info = log_and_register(model_path, registered_name, "candidate", tags)
     get_run_logger().info(f"registered {info['model_uri']} (alias candidate)")
     return info
 
@@ -137,9 +149,11 @@ def promote_task(
     work_dir: str,
     parent_run_id: str,
     workspace_cfg: TraceConfig | None = None,
+    min_success: float = 0.0,
 ) -> dict:
     """Move ``champion`` to the candidate when its success on the same split and games is at least the
-    champion's (the champion is evaluated on them first if needed); log the comparison."""
+    champion's (the champion is evaluated on them first if needed) and at least ``min_success``
+    (``promote.min_success``); log the comparison."""
     log = get_run_logger()
     with start_run("promote", parent_run_id) as run:
 
@@ -147,11 +161,12 @@ def promote_task(
             uri = f"models:/{registered_name}/{version}"
             summary = evaluate_task.fn(
                 uri, cfg, cost, work_dir, run.info.run_id, model_uri=uri, name=f"evaluate-champion-v{version}",
-                workspace_cfg=workspace_cfg,
+                workspace_cfg=workspace_cfg, experience_path=experience_of(uri, str(Path(work_dir) / f"champion-v{version}")),
             )
             return summary["success_rate"]
 
-        decision = promote(registered_name, model["version"], cfg.split, evaluation["games"], evaluate_champion)
+        decision = promote(registered_name, model["version"], cfg.split, evaluation["games"], evaluate_champion,
+                           min_success)
         mlflow.log_dict(decision, "comparison.json")
         mlflow.set_tags(
             {"promoted": str(decision["promoted"]).lower(), "split": cfg.split, "games_sha": decision["games_sha"]}
@@ -162,5 +177,63 @@ def promote_task(
     champion = ("no champion yet" if decision["champion_version"] is None else
                 f"champion v{decision['champion_version']}" + (f" {champ_rate:.3f}" if champ_rate is not None else ""))
     log.info(f"promotion: candidate v{decision['candidate_version']} {decision['candidate_success_rate']:.3f} vs "
-             f"{champion} -> {'promoted' if decision['promoted'] else 'kept champion'}")
+             f"{champion} -> {'promoted' if decision['promoted'] else 'kept champion'} ({decision['reason']})")
     return decision
+
+
+@task(name="start-policy", **RETRY, timeout_seconds=1800, cache_policy=NO_CACHE)
+def start_policy_task(registered_name: str, release: str, work_dir: str, min_success: float,
+                      parent_run_id: str | None = None) -> dict:
+    """The policy a retraining run starts from (``model.from_champion``): the registered ``champion`` of
+    ``registered_name``, or, when the registry has none, the release folder ``release``, registered now and made
+    champion when its recorded success reaches ``min_success``.
+
+    Returns ``model_uri`` (the pinned version), ``path`` (what SFT loads: the release folder or the URI),
+    ``experience_path`` (the Experience store it plays with, or None), ``source`` (``champion`` or ``release``) and
+    ``release`` (the folder, or None). Raises ReleaseError when there is no champion and ``release`` is not a
+    release folder."""
+    log = get_run_logger()
+    version = alias_version(registered_name, "champion")
+    if version is not None:
+        uri = f"models:/{registered_name}/{version}"
+        tags = mlflow.MlflowClient().get_model_version(registered_name, version).tags
+        folder = tags.get("release_path") if tags.get("release") else None
+        folder = folder if folder and is_release(folder) else None
+        exp = experience_of(uri, str(Path(work_dir) / "start" / f"v{version}"))
+        log.info(f"starting from the champion {uri}" + (f" (release {folder})" if folder else ""))
+        return {"model_uri": uri, "path": folder or uri, "experience_path": exp, "source": "champion",
+                "release": folder}
+    if not is_release(release):
+        raise ReleaseError(f"model.path {release!r}: no champion is registered under {registered_name!r} and this "
+                           f"is not a release folder (one with release.json, e.g. models/evoharness-full-sft)")
+    release = str(Path(release).resolve())
+    info = register_release(release, registered_name, parent_run_id)
+    rel = read_release(release)
+    split = next(iter(rel["evaluations"]))
+    recorded = json.loads((Path(release) / rel["evaluations"][split]).read_text())["success_rate"]
+    if recorded >= min_success:
+        mlflow.MlflowClient().set_registered_model_alias(registered_name, "champion", info["version"])
+    log.info(f"no champion under {registered_name!r}: registered the release {release} as {info['model_uri']} "
+             f"({split} {recorded:.3f}; {'champion' if recorded >= min_success else 'below promote.min_success, not champion'})")
+    return {"model_uri": info["model_uri"], "path": release, "experience_path": str(Path(release) / "experience.db"),
+            "source": "release", "release": release}
+
+
+@task(name="parent-evaluation", **RETRY, timeout_seconds=1800, cache_policy=NO_CACHE)
+def release_parent_evaluation(start: dict, registered_name: str, cfg: EvalConfig,
+                              parent_run_id: str | None = None) -> dict | None:
+    """The parent's outcomes on the games ``cfg`` evaluates, taken from its release's recorded evaluation when the
+    release played with the same settings (``release.json``'s ``evaluate`` equal to ``cfg`` but for ``split`` and
+    ``limit``; ``evoharness.release.record_evaluation``), else None (the parent is then evaluated)."""
+    if not start.get("release"):
+        return None
+    played = read_release(start["release"])["evaluate"]
+    mine = {k: v for k, v in cfg.__dict__.items() if k not in ("split", "limit")}
+    if {k: played.get(k) for k in mine} != mine or cfg.split not in read_release(start["release"])["evaluations"]:
+        get_run_logger().info(f"{start['release']} recorded its evaluation with other settings: evaluating it again")
+        return None
+    version = start["model_uri"].rsplit("/", 1)[1]
+    summary = record_evaluation(start["release"], registered_name, version, cfg.split, cfg.limit, parent_run_id)
+    get_run_logger().info(f"parent {start['model_uri']}: its {cfg.split} outcomes on these {len(summary['games'])} "
+                          f"games are the release's recorded ones ({summary['recorded_in']})")
+    return summary

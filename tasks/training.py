@@ -22,6 +22,7 @@ from evoharness.launch import accelerate_launch
 from evoharness.model import build_default_model, load_policy, num_parameters
 from evoharness.plots import annealing_figure
 from evoharness.registry import parse_model_uri
+from evoharness.release import experience_path as release_experience
 from evoharness.rollouts import read_history
 from evoharness.tracking import start_run
 from tasks.caching import RETRY, content_key, stage_policy
@@ -83,6 +84,7 @@ def sft_task(cfg: PipelineConfig, traces: dict, work_dir: str, parent_run_id: st
             base = str(out / "base")
             if not (Path(base) / "config.json").exists():
                 build_default_model(cfg.model, traces["train_file"], base)
+        check_layout(base, cfg.traces)
         mlflow.log_params(
             {
                 "base_model": cfg.model.path or "embedded-default",
@@ -125,6 +127,22 @@ def sft_task(cfg: PipelineConfig, traces: dict, work_dir: str, parent_run_id: st
     return result
 
 
+def check_layout(model_path: str, traces) -> None:
+    """Raise ValueError when the model at ``model_path`` records a context layout (``evoharness_layout`` in its
+    ``config.json``) other than the one the traces are built in (``traces``, a ``TraceConfig``): fine-tuning it on
+    them would teach it another prompt format. Models that record none (hub models) pass."""
+    file = Path(model_path) / "config.json"
+    recorded = json.loads(file.read_text()).get("evoharness_layout") if file.is_file() else None
+    if not isinstance(recorded, dict):
+        return
+    want = layout_of(traces)
+    differ = {k: (v, want[k]) for k, v in recorded.items() if k in want and want[k] != v}
+    if differ:
+        raise ValueError(f"{model_path} was trained on the layout {recorded}; the traces' differs in "
+                         + ", ".join(f"traces.{k} (model {a!r}, profile {b!r})" for k, (a, b) in differ.items())
+                         + ": set those traces fields in the profile to the model's")
+
+
 @task(name="sft-from-model", **RETRY, timeout_seconds=3600, cache_policy=NO_CACHE)
 def sft_from_model_task(model: str, work_dir: str) -> dict:
     """The SFT policy taken from ``model`` instead of trained (``flows.pipeline --sft-model``): ``take_model``."""
@@ -148,7 +166,9 @@ def take_model(model: str, work_dir: str, dst: Path | None = None) -> dict:
         if not (Path(model) / "config.json").exists():
             raise FileNotFoundError(f"{model!r}: neither models:/NAME/VERSION, models:/NAME@ALIAS nor a "
                                     f"model folder with config.json")
-        return {"final_path": str(Path(model).resolve()), "run_id": "", "model_uri": str(Path(model).resolve())}
+        folder = str(Path(model).resolve())
+        return {"final_path": folder, "run_id": "", "model_uri": folder,
+                "experience_path": release_experience(folder)}  # a release plays with its own lessons
     name, version = parsed
     pinned = f"models:/{name}/{version}"
     dst = Path(dst) if dst is not None else Path(work_dir) / "sft" / f"from-{name}-v{version}"

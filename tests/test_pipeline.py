@@ -382,3 +382,114 @@ def test_work_folder_resumes_in_the_evaluate_folder_it_is_given(tmp_path):
     assert work_folder(str(ev), "valid_train") == ev  # another split's folder is only a folder
     (ev / "evaluate-valid_seen").mkdir(parents=True)
     assert work_folder(str(ev), "valid_seen") == ev
+
+
+# --- releases: a policy folder that outlives its machine, and the main job that retrains from it ------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_release(first_run, pipeline_repo):
+    """first_run's policy exported as a release folder, as `python -m evoharness.release export` writes one."""
+    import json
+
+    from evoharness.config import load_profile
+    from evoharness.release import export_release, training_from
+
+    paths = first_run["paths"]
+    result = json.loads((pipeline_repo / paths["sft_dir"] / "result.json").read_text())
+    training = training_from(first_run, result, paths["final_path"], "the test machine")
+    return export_release(pipeline_repo / "models" / "tiny-release", paths["final_path"], paths["experience_path"],
+                          first_run, paths["transcripts"], load_profile("tiny"), "pipeline(profile='tiny')", training)
+
+
+def test_release_folder_and_card_state_the_summary_figures(first_run, tiny_release):
+    from evoharness.model import load_policy
+    from evoharness.model_card import card_figures
+    from evoharness.release import MAX_RELEASE_BYTES, read_release, release_bytes
+
+    rel = read_release(tiny_release)
+    assert rel["lineage"]["trace_hash"] == first_run["traces"]["content_hash"]
+    assert rel["lineage"]["dvc_md5"] == first_run["data"]["md5"] and rel["evaluate"]["max_env_steps"] == 3
+    assert {"model.safetensors", "tokenizer.json", "chat_template.jinja", "generation_config.json",
+            "experience.db", "README.md"} <= {p.name for p in tiny_release.iterdir()}
+    assert release_bytes(tiny_release) < MAX_RELEASE_BYTES
+    figures = card_figures((tiny_release / "README.md").read_text())
+    n, won = first_run["episodes"], sum(first_run["won_by_game"].values())
+    assert figures["rows"]["All"] == (n, won, round(100 * first_run["success_rate"], 1))
+    for t, rate in first_run["success_by_task_type"].items():
+        k = first_run["episodes_by_task_type"][t]
+        assert figures["rows"][t] == (k, round(rate * k), round(100 * rate, 1))
+    assert figures["per_episode"]["environment steps"] == round(first_run["mean_steps"], 2)
+    assert figures["per_episode"]["track"] == round(first_run["meta_actions_per_episode"]["track"], 2)
+    model, tokenizer = load_policy(str(tiny_release))
+    assert model.config.evoharness_layout["context"] == "history" and tokenizer.chat_template
+
+
+def test_a_release_evaluates_with_its_own_settings_and_gives_back_its_figures(first_run, tiny_release, pipeline_repo):
+    """`flows.evaluate --policy models/<release>` and no profile: the release's budgets (tiny's 3 steps, not the
+    default profile's 50) and Experience store, so the same games give the same outcomes, steps and tokens."""
+    from flows.evaluate import evaluate_flow
+
+    ev = evaluate_flow(str(tiny_release), split="valid_seen", limit=2, repo=str(pipeline_repo))
+    assert ev["won_by_game"] == first_run["won_by_game"]
+    assert ev["mean_steps"] == first_run["mean_steps"] <= 3
+    assert ev["generated_tokens_per_episode"] == first_run["generated_tokens_per_episode"]
+
+
+def test_register_release_and_its_lineage(first_run, tiny_release, pipeline_repo):
+    import subprocess
+    import sys
+
+    from mlflow import MlflowClient
+
+    cmd = [sys.executable, "-m", "evoharness.release", "register", str(tiny_release), "--name", "evoharness-released",
+           "--repo", str(pipeline_repo)]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    assert "registered as models:/evoharness-released/1" in first.stdout
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert "already registered as models:/evoharness-released/1" in again.stdout
+    use_store(pipeline_repo)
+    tags = MlflowClient().get_model_version("evoharness-released", "1").tags
+    assert tags["release"] == "tiny-release" and tags["source_commit"] == first_run["lineage"]["git_commit"]
+    assert tags["trace_hash"] == first_run["traces"]["content_hash"] and tags["dvc_md5"] == first_run["data"]["md5"]
+    assert tags["config_digest"] == first_run["lineage"]["config_digest"]
+    audit = run_lineage(pipeline_repo, "models:/evoharness-released/1")
+    assert audit.returncode == 0, audit.stderr
+    assert "training run is NOT in this store" in audit.stdout and f"names md5 {first_run['data']['md5']}: matches" \
+        in audit.stdout
+
+
+def test_the_main_job_retrains_from_the_release_then_from_the_champion(first_run, tiny_release, pipeline_repo,
+                                                                      tmp_path):
+    """model.from_champion: with no champion the release is registered and is the parent; the candidate and the
+    parent are compared on the same games, the parent's outcomes taken from the release's record, with a paired
+    test; the next run starts from the champion, and a candidate below promote.min_success is never champion."""
+    from mlflow import MlflowClient
+
+    from flows.pipeline import pipeline
+
+    def profile(floor):
+        path = tmp_path / f"retrain-{floor}.yaml"
+        path.write_text(f"extends: tiny\nmodel:\n  path: {tiny_release}\n  from_champion: true\nsft:\n  max_steps: 1\n"
+                        f"promote:\n  min_success: {floor}\nregistered_model_name: evoharness-retrain\n")
+        return str(path)
+
+    run = pipeline(profile=profile(0.0), repo=str(pipeline_repo))
+    assert run["lineage"]["started_from"] == "release"
+    assert run["lineage"]["parent_model_uri"] == run["parent_model_uri"] == "models:/evoharness-retrain/1"
+    assert run["parent_evaluation"]["won_by_game"] == first_run["won_by_game"]  # recorded, not replayed
+    use_store(pipeline_repo)
+    client = MlflowClient()
+    recorded = client.get_run(run["parent_evaluation"]["mlflow_run_id"])
+    assert recorded.data.tags["recorded_in_release"] == "true"
+    t = run["paired_test"]
+    assert t["games"] == 2 and t["won_a"] == sum(run["won_by_game"].values())
+    assert t["won_b"] == sum(first_run["won_by_game"].values())
+    assert run["promotion"]["champion_version"] == "1"  # the release became champion at registration
+    second = pipeline(profile=profile(1.0), repo=str(pipeline_repo))
+    assert second["lineage"]["started_from"] == "champion"
+    champion = run["promotion"]["candidate_version"] if run["promotion"]["promoted"] else "1"
+    assert second["parent_model_uri"] == f"models:/evoharness-retrain/{champion}"
+    assert second["promotion"]["promoted"] is False and "floor" in second["promotion"]["reason"]
+    assert str(client.get_model_version_by_alias("evoharness-retrain", "champion").version) == champion

@@ -734,7 +734,7 @@ def test_grpo_rollouts_ground_tracks_when_the_profile_says(turn_model, tmp_path,
         res, _ = rollouts.play(model, tok, game, f"e{on}", seed=0)
         assert res.env_steps == 1
     assert made == [(True, True), (False, True)]
-    assert load_profile("full-parallel").grpo.ground_track and not load_profile("default").grpo.ground_track
+    assert load_profile("full-parallel").grpo.ground_track and not load_profile("scratch").grpo.ground_track
 
 
 def _lesson_prompts(prompts):

@@ -1,0 +1,149 @@
+"""The model card of a release (``README.md`` in its folder), in the Hugging Face model-card layout: YAML metadata
+(``model-index`` results) then Model details, How to use, Training, Evaluation, Limitations
+(https://huggingface.co/docs/hub/model-cards). Every figure comes from ``release.json`` and the evaluation
+summary; ``card_figures`` reads them back, so a test can hold the card to the summary."""
+
+from __future__ import annotations
+
+import re
+
+from evoharness.harness import META_ACTIONS
+
+TASK_ORDER = ("Pick", "Clean", "Heat", "Cool", "Look", "Pick Two")
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def results_rows(summary: dict) -> list[tuple[str, int, int, float]]:
+    """(task type, games, won, success rate) per task type in ALFWorld's order, then ``All``."""
+    rows = []
+    types = [t for t in TASK_ORDER if t in summary["success_by_task_type"]]
+    types += sorted(set(summary["success_by_task_type"]) - set(types))
+    for t in types:
+        n = summary["episodes_by_task_type"][t]
+        rows.append((t, n, round(summary["success_by_task_type"][t] * n), summary["success_by_task_type"][t]))
+    n = summary["episodes"]
+    rows.append(("All", n, round(summary["success_rate"] * n), summary["success_rate"]))
+    return rows
+
+
+def render_card(release: dict, summary: dict) -> str:
+    """The card's Markdown for ``release`` (``release.json``'s content) and its evaluation ``summary``."""
+    lin, tr, ev, name = release["lineage"], release["training"], release["evaluate"], release["name"]
+    split = summary["split"]
+    all_row = results_rows(summary)[-1]
+    lines = [
+        "---",
+        "library_name: transformers",
+        "pipeline_tag: text-generation",
+        "tags: [evoharness, alfworld, agent, tool-calling, qwen3]",
+        "model-index:",
+        f"- name: {name}",
+        "  results:",
+        "  - task: {type: text-generation, name: ALFWorld embodied tasks}",
+        f"    dataset: {{type: alfworld, name: ALFWorld {split}, split: {split}}}",
+        "    metrics:",
+        f"    - {{type: success_rate, value: {_pct(summary['success_rate'])}, name: success rate (%)}}",
+        "---",
+        "",
+        f"# {name}",
+        "",
+        "An EvoHarness policy: a small Qwen3-architecture language model that plays ALFWorld text games and manages "
+        "its own BPE workspace (Belief, Progress, Experience) with the meta-actions `track`, `commit`, `recall` and "
+        "`note` beside its environment actions.",
+        "",
+        "## Model details",
+        "",
+        f"- Architecture: Qwen3 (`Qwen3ForCausalLM`), {tr['parameters']:,} parameters, trained from "
+        f"{'scratch' if lin.get('base_model') in (None, '', 'embedded-default') else lin['base_model']}; byte-level "
+        "BPE tokenizer trained on the project's own traces; Qwen3 chat template with tool calls.",
+        f"- Context layout: `{tr.get('layout', {}).get('context', 'turn')}` "
+        f"(recorded in `config.json` as `evoharness_layout`; evaluation prompts the model the same way).",
+        f"- Training: {lin.get('trained_until', 'sft').upper()} (supervised harness fine-tuning on BPE traces"
+        f"{'' if lin.get('trained_until', 'sft') == 'sft' else ', then cost-aware GRPO'}).",
+        "",
+        "## How to use",
+        "",
+        "```bash",
+        f"make evaluate ARGS=\"--policy models/{name}\"          # its {split} figures below, with its own settings",
+        f"make evaluate ARGS=\"--policy models/{name} --split valid_train --limit 20\"",
+        f"make register-release RELEASE=models/{name}          # into the local MLflow registry, lineage as tags",
+        "```",
+        "",
+        "It plays with the settings in `release.json` unless told otherwise: "
+        f"{ev['max_env_steps']} environment steps at most (ALFWorld's limit), {ev['max_meta_actions']} meta-actions, "
+        f"`{ev['decoding']}` decoding (greedy), {ev['max_new_tokens']} new tokens a turn, "
+        f"`ground_track` {str(ev['ground_track']).lower()}, {ev['workers']} worker processes, the Experience store "
+        "`experience.db`.",
+        "",
+        "## Training",
+        "",
+        "| what | value |",
+        "| --- | --- |",
+        f"| command | `{release['command']}` |",
+        f"| git commit | `{lin.get('git_commit')}` (dirty: {lin.get('git_dirty')}) |",
+        f"| profile | `{lin.get('profile')}` |",
+        f"| config digest | `{lin.get('config_digest')}` |",
+        f"| data | `{lin.get('data_path')}` (DVC md5 `{lin.get('dvc_md5')}`) |",
+        f"| trace hash | `{lin.get('trace_hash')}` |",
+        f"| trace examples | {release['traces'].get('train_rows', 0):,} train, {release['traces'].get('valid_rows', 0):,} "
+        f"validation, from {release['traces'].get('kept', 0):,} won of {release['traces'].get('episodes', 0):,} episodes |",
+        f"| parameters | {tr['parameters']:,} |",
+        f"| training steps | {tr['steps']:,} |",
+        f"| training tokens | {tr['tokens']:,} |",
+        f"| training wall time | {tr['train_seconds']:,.0f} s |",
+        f"| precision | {tr.get('precision', '')} |",
+        f"| machine | {tr.get('machine', '')} |",
+        "",
+        f"## Evaluation: all {summary['episodes']} `{split}` games, greedy",
+        "",
+        "| task type | games | won | success (%) |",
+        "| --- | --- | --- | --- |",
+    ]
+    lines += [f"| {t} | {n} | {w} | {_pct(s)} |" for t, n, w, s in results_rows(summary)]
+    meta = summary["meta_actions_per_episode"]
+    lines += [
+        "",
+        "Per episode:",
+        "",
+        "| measure | value |",
+        "| --- | --- |",
+        f"| environment steps | {summary['mean_steps']:.2f} |",
+        *[f"| `{m}` calls | {meta[m]:.2f} |" for m in META_ACTIONS],
+        f"| generated tokens | {summary['generated_tokens_per_episode']:.1f} |",
+        f"| malformed turns | {summary['malformed_per_episode']:.2f} |",
+        f"| rejected turns | {summary['rejected_turns_per_episode']:.2f} |",
+        "",
+        f"{all_row[2]} of {all_row[1]} won. Per-game outcomes: `evaluation/{split}.json` (`won_by_game`), per-episode "
+        f"results: `evaluation/{split}-episodes.jsonl`.",
+        "",
+        "## Limitations",
+        "",
+        "- A 3M-parameter model trained from scratch on ALFWorld's handcoded expert: it knows these text games only, "
+        "and inherits the expert's weaknesses (Pick Two is its weakest task type).",
+        "- Figures are for one training seed; see the project's docs for the spread between seeds.",
+        "- Greedy choices can differ between CPUs (float kernels, bf16 or fp32 training): an evaluation on another "
+        "machine can differ by a few games.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def card_figures(card: str) -> dict:
+    """The figures a card states, read back from its Markdown: ``rows`` {task type: (games, won, success %)} and
+    ``per_episode`` {measure: value}. Raises ValueError when the evaluation table is absent."""
+    rows, per_episode, section = {}, {}, None
+    for line in card.splitlines():
+        if line.startswith("## "):
+            section = line
+        m = re.match(r"\| ([A-Za-z ]+) \| (\d+) \| (\d+) \| ([\d.]+) \|$", line)
+        if m and section and section.startswith("## Evaluation"):
+            rows[m.group(1)] = (int(m.group(2)), int(m.group(3)), float(m.group(4)))
+        m = re.match(r"\| `?([a-z ]+?)`?( calls)? \| ([\d.]+) \|$", line)
+        if m and section and section.startswith("## Evaluation"):
+            per_episode[m.group(1)] = float(m.group(3))
+    if not rows:
+        raise ValueError("no evaluation table (| task type | games | won | success (%) |) in the card")
+    return {"rows": rows, "per_episode": per_episode}

@@ -1,0 +1,80 @@
+"""The committed releases (``models/<name>/``): complete, within 25 MiB, their cards state their evaluation's
+figures, and each loads and wins, greedily, a game its recorded evaluation won, replaying that episode exactly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from evoharness.model_card import card_figures
+from evoharness.release import (
+    MAX_RELEASE_BYTES,
+    ReleaseError,
+    experience_path,
+    play_settings,
+    read_release,
+    recorded_episodes,
+    release_bytes,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+RELEASES = sorted(p.parent for p in (ROOT / "models").glob("*/release.json"))
+
+
+def test_the_default_profile_starts_from_a_committed_release():
+    from evoharness.config import load_profile
+
+    path = ROOT / load_profile("default").model.path
+    assert path in RELEASES, f"profiles/default.yaml starts from {path}, which is not a committed release"
+
+
+@pytest.mark.parametrize("release", RELEASES, ids=[p.name for p in RELEASES])
+def test_card_states_the_evaluation_summary(release):
+    rel = read_release(release)
+    assert release_bytes(release) <= MAX_RELEASE_BYTES
+    for split, file in rel["evaluations"].items():
+        summary = json.loads((release / file).read_text())
+        episodes = recorded_episodes(release, split)
+        assert {e["game"]: e["won"] for e in episodes} == summary["won_by_game"]
+        assert summary["success_rate"] == sum(summary["won_by_game"].values()) / summary["episodes"]
+        figures = card_figures((release / "README.md").read_text())
+        won = sum(summary["won_by_game"].values())
+        assert figures["rows"]["All"] == (summary["episodes"], won, round(100 * summary["success_rate"], 1))
+        for t, rate in summary["success_by_task_type"].items():
+            n = summary["episodes_by_task_type"][t]
+            assert figures["rows"][t] == (n, round(rate * n), round(100 * rate, 1))
+        assert figures["per_episode"]["environment steps"] == round(summary["mean_steps"], 2)
+        for m, v in summary["meta_actions_per_episode"].items():
+            assert figures["per_episode"][m] == round(v, 2)
+    card = (release / "README.md").read_text()
+    for key in ("git_commit", "profile", "config_digest", "dvc_md5", "trace_hash"):
+        assert str(rel["lineage"][key]) in card, f"the card does not state {key}"
+    assert f"{rel['training']['steps']:,}" in card and f"{rel['training']['tokens']:,}" in card
+
+
+@pytest.mark.parametrize("release", RELEASES, ids=[p.name for p in RELEASES])
+def test_release_loads_and_wins_a_known_game_greedily(release, tmp_path):
+    """The first game each evaluation worker played started from the release's own Experience store, so playing
+    it alone, at its position, replays that episode: the release must win it in the recorded number of steps."""
+    from evoharness.config import TraceConfig
+    from evoharness.evaluate import play_games
+
+    split = next(iter(read_release(release)["evaluations"]))
+    cfg, cost = play_settings(release, {"workers": 1})
+    workers = read_release(release)["evaluate"]["workers"]
+    episodes = recorded_episodes(release, split)
+    firsts = [(i, e) for i, e in enumerate(episodes[:workers]) if e["won"]]
+    assert firsts, f"{release}: none of the first {workers} recorded games was won; no game to replay"
+    i, known = firsts[0]
+    results, _ = play_games(str(release), [known["game"]], cfg, cost, tmp_path, experience_path(release),
+                            progress=None, workspace_cfg=TraceConfig(), indices=[i])
+    assert results[0].won and results[0].env_steps == known["env_steps"]
+    assert results[0].meta_actions == known["meta_actions"]
+
+
+def test_an_incomplete_release_is_named(tmp_path):
+    (tmp_path / "release.json").write_text("{}")
+    with pytest.raises(ReleaseError, match="missing .*model.safetensors"):
+        read_release(tmp_path)
