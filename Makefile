@@ -23,13 +23,18 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
 export PYTHONUNBUFFERED := 1
 export PREFECT_RESULTS_LOCAL_STORAGE_PATH ?= $(CURDIR)/runs/prefect-results
 
-.PHONY: run test venv data clean-runs deploy deploy-stop evaluate lineage collect register-release
+.PHONY: run test test-fast venv data clean-runs deploy deploy-stop evaluate lineage collect register-release
 
 run: venv data
 	$(PY) -m flows.pipeline $(ARGS)
 
 test: venv data
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# For iteration: the suite without the tests marked slow (end-to-end flow runs and training); `make test` stays the
+# whole suite, the one .ci/run runs.
+test-fast: venv data
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 # Evaluation alone and the lineage audit, with this Makefile's offline environment:
 #   make evaluate ARGS="--policy models:/evoharness-policy@candidate --split valid_seen --limit 20"

@@ -61,9 +61,9 @@ def test_expert_through_the_loop_matches_the_collected_expert(tiny_logs, tiny_ga
 
     out, _ = tiny_logs
     eps = {e.game: e for e in parse_lines((out / "logs" / "shard-00000.jsonl").read_text().splitlines(), "s")}
-    for game in tiny_games:
-        if eps[game].records[0]["perturbed"]:
-            continue
+    unperturbed = [g for g in tiny_games if not eps[g].records[0]["perturbed"]]
+    assert unperturbed, "every collected episode was perturbed: nothing to compare (collection settings changed?)"
+    for game in unperturbed:
         env = ALFWorldEnv(game, max_steps=51)
         res = run_episode(env, ExpertPolicy(), Workspace(ExperienceStore()), CostConfig(), max_env_steps=50)
         env.close()

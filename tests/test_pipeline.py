@@ -12,6 +12,8 @@ from conftest import TINY_COLLECT, git, make_git_repo
 from evoharness.datastore import DataVersionMismatch, ensure_data
 from evoharness.rawlog import dvc_md5
 
+pytestmark = pytest.mark.slow  # real flow runs: `make test-fast` leaves them out
+
 STAGES = {"collect", "ingest", "build_traces", "sft", "grpo", "register", "evaluate-valid_seen",
           "evaluate-parent-valid_seen", "promote"}
 
@@ -42,7 +44,6 @@ def first_run(prefect_backend, pipeline_repo):
 def test_pipeline_summary(first_run, pipeline_repo):
     s = first_run
     assert s["episodes"] == 2 and s["games_in_split"] == 140 and s["split"] == "valid_seen"
-    assert 0.0 <= s["success_rate"] <= 1.0
     # each evaluated game's outcome, for paired tests from the summary alone (scripts/paired_test.py)
     assert len(s["won_by_game"]) == 2 and all(g.startswith("valid_seen/") for g in s["won_by_game"])
     assert sum(s["won_by_game"].values()) / 2 == s["success_rate"]
@@ -211,7 +212,7 @@ def run_lineage(repo, uri):
 
 
 def test_lineage_command_verifies_and_fails_on_a_deleted_cache_entry(first_run, pipeline_repo, tmp_path):
-    ok = run_lineage(pipeline_repo, "models:/evoharness-policy/2")
+    ok = run_lineage(pipeline_repo, "models:/evoharness-policy/1")  # first_run's version: no other test needed
     assert ok.returncode == 0, ok.stderr
     assert "resolves, md5 matches" in ok.stdout and "lineage check passed" in ok.stdout
     assert f"DVC md5 {first_run['data']['md5']}" in ok.stdout
@@ -221,7 +222,7 @@ def test_lineage_command_verifies_and_fails_on_a_deleted_cache_entry(first_run, 
     shutil.rmtree(broken / "data")
     md5 = first_run["data"]["md5"].removesuffix(".dir")
     (broken / ".dvc" / "cache" / "files" / "md5" / md5[:2] / (md5[2:] + ".dir")).unlink()
-    bad = run_lineage(broken, "models:/evoharness-policy/2")
+    bad = run_lineage(broken, "models:/evoharness-policy/1")
     assert bad.returncode == 1
     assert "lineage check FAILED" in bad.stderr and "do not resolve through DVC" in bad.stderr
     missing = run_lineage(pipeline_repo, "models:/evoharness-policy@nonexistent")

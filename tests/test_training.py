@@ -14,6 +14,8 @@ from evoharness.model import build_default_model, load_policy
 from evoharness.rawlog import parse_lines
 from evoharness.traces import build_traces
 
+pytestmark = pytest.mark.slow  # real training runs: `make test-fast` leaves them out
+
 TINY_MODEL = ModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                          num_key_value_heads=1, head_dim=16, vocab_size=600)
 
