@@ -14,9 +14,12 @@ from evoharness.tracking import log_trace_dataset, start_run
 from tasks.caching import content_key, stage_policy
 
 
+TRACES_CODE = ("evoharness.traces",)  # the library code the stage runs: its cache key covers these and their imports
+
+
 def traces_dir(p: dict) -> Path:
     """``runs/traces/<key>``: keyed on the data md5 and the trace settings."""
-    return Path(p["work_dir"]) / "traces" / content_key(p["md5"], p["cfg"].traces, p["work_dir"])
+    return Path(p["work_dir"]) / "traces" / content_key(TRACES_CODE, p["md5"], p["cfg"].traces, p["work_dir"])
 
 
 @task(name="build_traces", timeout_seconds=3600, cache_policy=stage_policy(traces_dir), persist_result=True)

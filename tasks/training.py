@@ -36,12 +36,17 @@ def _child_env(run_id: str) -> dict:
     }
 
 
+# the library code each stage runs (entry modules; their cache keys cover these and everything they import)
+SFT_CODE = ("evoharness.sft", "evoharness.model")
+GRPO_CODE = ("evoharness.grpo",)
+
+
 def sft_dir(p: dict) -> Path:
     """``runs/sft/<key>``: keyed on the trace content hash, the model and the SFT settings."""
     return (
         Path(p["work_dir"])
         / "sft"
-        / content_key(p["traces"]["content_hash"], p["cfg"].model, p["cfg"].sft, p["work_dir"])
+        / content_key(SFT_CODE, p["traces"]["content_hash"], p["cfg"].model, p["cfg"].sft, p["work_dir"])
     )
 
 
@@ -53,7 +58,7 @@ def grpo_dir(p: dict) -> Path:
         Path(p["work_dir"])
         / "grpo"
         / content_key(
-            p["sft"]["final_path"], epoch, p["cfg"].grpo, p["cfg"].cost, p["cfg"].traces, p["work_dir"]
+            GRPO_CODE, p["sft"]["final_path"], epoch, p["cfg"].grpo, p["cfg"].cost, p["cfg"].traces, p["work_dir"]
         )
     )
 
