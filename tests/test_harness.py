@@ -136,13 +136,15 @@ def test_processes_opening_a_new_store_at_once_all_succeed(tmp_path):
 def test_profiles_resolve_and_bad_ones_name_the_problem(tmp_path):
     import pytest
 
-    from evoharness.config import load_profile
+    from evoharness.config import known_profiles, load_profile
 
     cfg = load_profile("default", {"evaluate": {"limit": 3}})
     assert cfg.evaluate.limit == 3 and cfg.sft.num_processes == 2 and cfg.collect.num_games == 60
     assert load_profile("tiny").grpo.num_generations == 2
-    shipped = {p.stem: load_profile(p.stem) for p in sorted((Path(__file__).parents[1] / "profiles").glob("*.yaml"))}
-    assert {"default", "tiny", "full", "full-plain", "full-plain-3500", "paper"} <= set(shipped)
+    product = {p.stem for p in (Path(__file__).parents[1] / "profiles").glob("*.yaml")}
+    assert {"default", "scratch", "tiny", "full", "full-plain", "paper"} <= product  # the records: experiments/
+    shipped = {name: load_profile(name) for name in known_profiles()}  # every record still loads by name
+    assert {"full-plain-3500", "full-parallel", "full-seed1-60min"} <= set(shipped)
     plain = shipped["full-plain-3500"]   # (c) like-for-like with (d): same steps, batch and tokenizer rule as full-3500
     assert (plain.traces.harness, plain.sft.max_steps, plain.sft.num_processes * plain.sft.per_device_train_batch_size,
             plain.registered_model_name) == (False, 3500, 32, "evoharness-plain-full")

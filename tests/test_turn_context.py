@@ -641,7 +641,8 @@ def test_evaluation_grounds_tracks_only_when_asked_and_records_the_setting(turn_
     assert dataclasses.replace(cfg, ground_track=True).identity()["ground_track"] is True
     from evoharness.config import load_profile
 
-    assert load_profile("full-parallel-3500").evaluate.ground_track and not load_profile("full").evaluate.ground_track
+    assert load_profile("full-parallel-3500").evaluate.ground_track
+    assert not load_profile("full-turn-base").evaluate.ground_track  # the turn recipe before parallel calls
 
 
 def test_ground_track_reads_the_latest_observation_in_a_real_episode(turn_model):
