@@ -244,9 +244,11 @@ def test_mlflow_ui_screenshot_of_the_grpo_run(first_run, pipeline_repo, tmp_path
     assert out.stat().st_size > 20_000  # a rendered page, not a blank one
 
 
-def test_deployment_on_a_real_prefect_server_and_worker(first_run, pipeline_repo, tmp_path):
-    """`scripts/deploy.sh` (what `make deploy` runs): real server + worker on loopback, a pinned tiny deployment
-    run twice; lineage tags and aliases in MLflow; identical data and trace hashes; every process stopped."""
+def test_deployment_on_a_real_prefect_server_and_worker(first_run, tiny_release, pipeline_repo, tmp_path):
+    """`scripts/deploy.sh` (what `make deploy` runs): real server + worker on loopback, the weekly deployment run
+    twice, pinned, with the retraining of the `default` profile on tiny settings (start from the champion or the
+    release, fine-tune, GRPO, compare with the parent); lineage tags and aliases in MLflow; identical data and trace
+    hashes; every process stopped."""
     import os
     import socket
     import subprocess
@@ -264,6 +266,8 @@ def test_deployment_on_a_real_prefect_server_and_worker(first_run, pipeline_repo
     api = {**env, "PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "PREFECT_HOME": str(state / "home")}
     prefect = os.path.join(root, ".venv", "bin", "prefect")
     rev = git(pipeline_repo, "rev-parse", "HEAD")
+    retrain = tmp_path / "tiny-retrain.yaml"  # the default profile's retraining, on tiny settings
+    retrain.write_text(f"extends: tiny\nmodel:\n  path: {tiny_release}\n  from_champion: true\nsft:\n  max_steps: 1\n")
     use_store(pipeline_repo)
     client = MlflowClient()
     try:
@@ -277,7 +281,7 @@ def test_deployment_on_a_real_prefect_server_and_worker(first_run, pipeline_repo
         versions = []
         for _ in range(2):
             run = subprocess.run(
-                [prefect, "--no-prompt", "deployment", "run", "evoharness-pipeline/weekly", "--param", "profile=tiny",
+                [prefect, "--no-prompt", "deployment", "run", "evoharness-pipeline/weekly", "--param", f"profile={retrain}",
                  "--param", f"data_rev={rev}", "--param", f"repo={pipeline_repo}", "--param", "limit=1",
                  "--watch", "--watch-timeout", "900"], cwd=root, env=api, capture_output=True, text=True, timeout=1000)
             assert run.returncode == 0 and "Completed" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
@@ -288,6 +292,8 @@ def test_deployment_on_a_real_prefect_server_and_worker(first_run, pipeline_repo
         assert a["dvc_md5"] == b["dvc_md5"] == first_run["data"]["md5"]
         assert a["trace_hash"] == b["trace_hash"] == first_run["traces"]["content_hash"]
         assert a["prefect_deployment_id"] and a["prefect_flow_run_id"] != b["prefect_flow_run_id"]
+        assert a["started_from"] == b["started_from"] == "champion"  # the registry has one: retrain it
+        assert a["parent_model_uri"].startswith("models:/evoharness-policy/")
         assert "candidate" in client.get_model_version("evoharness-policy", versions[1].version).aliases
         assert client.get_model_version_by_alias("evoharness-policy", "champion").version
     finally:
