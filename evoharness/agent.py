@@ -4,8 +4,10 @@ Each turn the policy calls one tool: ``act`` (an environment command, mapped to 
 or a meta-action (``track``, ``commit``, ``recall``, ``note``) executed by the ``Workspace``. In the
 ``parallel_calls`` layout a turn may call meta-actions first, in the same message (``Decision.before``); they run
 in order before the turn's last call. The episode ends when ALFWorld reports ``done`` (won, or out of steps), or
-when the step or meta-action budget runs out; the policy then gets one last turn in which only ``note`` is executed.
-An environment that raises ends the episode as failed with the reason recorded.
+when the step or meta-action budget runs out (with ``cost.mode: budget`` in training, when environment actions and
+meta-action calls together reach the shared interaction budget); the policy then gets one last turn in which only
+``note`` is executed. An environment that raises ends the episode as failed with the reason recorded. The reward is
+``evoharness.reward.reward_parts`` of the episode's counts.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from evoharness.config import CostConfig
 from evoharness.context import TurnView
 from evoharness.harness import META_ACTIONS, SYSTEM_PROMPT, TOOLS, Workspace, final_observation, tokens
+from evoharness.reward import Interaction, action_key, count_repeats, reward_parts
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 _BLOCK = re.compile(r"<tool_call>.*?</tool_call>", re.S)  # one block: never runs past its own closing tag
@@ -95,6 +98,12 @@ class EpisodeResult:
     transcript: list[dict] = field(default_factory=list)
     cost_by_type: dict[str, float] = field(default_factory=dict)
     grounded_names: int | None = None  # track names scored over the observation's (ground_track); None: not recorded
+    # what the budget reward counts (evoharness.reward), recorded in both modes:
+    meta_calls: int = 0  # calls other than executed environment actions: meta-actions (run, invalid or refused),
+    # unknown tools, misplaced acts, the closing turn's calls; |tau| = env_steps + meta_calls when they are charged
+    repeats: int = 0  # S: calls identical to the call before them
+    invalid_actions: int = 0  # I: rejected turns + well-formed acts of an inadmissible command
+    reward_parts: dict[str, float] = field(default_factory=dict)  # evoharness.reward.RewardParts of ``reward``
 
 
 class ExpertPolicy:
@@ -128,15 +137,22 @@ class RandomPolicy:
 
 def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env_steps: int = 40,
                 max_meta_actions: int = 20, seed: int = 0, env_timeout_s: float = 60.0,
-                view: TurnView | None = None) -> EpisodeResult:
+                view: TurnView | None = None, interaction_budget: int | None = None,
+                update: int | None = None) -> EpisodeResult:
     """Play one episode of ``env`` (an adapter with ``reset``/``step``) with ``policy`` and ``workspace``.
 
     Budgets: ``max_env_steps`` environment steps; ``max_meta_actions`` executed meta-actions (later ones are refused
     with an error result; invalid calls and unknown tools get an error result and count as malformed); at most
     ``max_env_steps + max_meta_actions + 2`` turns in all (room for refused calls and the last note). Each
     environment call gets ``env_timeout_s`` seconds; one that raises or hangs ends the episode unwon with ``error`` set.
+    ``interaction_budget`` (``cost.mode: budget`` in training, ``evoharness.reward.episode_budgets``): environment
+    actions and every other call (``EpisodeResult.meta_calls``) spend one unit each, a turn of several calls one per
+    call; once they reach the budget the episode ends unwon, the rest of that turn's calls are dropped unexecuted,
+    and the closing turn follows. None (evaluation, ``priced`` mode): no shared budget.
 
-    Reward = won - cost (``EpisodeUsage.cost``): the cost charges *executed* meta-actions at their ``per_call`` price,
+    The reward is ``evoharness.reward.reward_parts`` under ``cost_cfg.mode``, at GRPO step ``update`` (None outside
+    training); its terms are kept in ``EpisodeResult.reward_parts``. ``priced`` mode (the default):
+    reward = won - cost (``EpisodeUsage.cost``): the cost charges *executed* meta-actions at their ``per_call`` price,
     every generated token, and every *rejected* turn at ``per_rejected_turn`` (a malformed turn, even one score
     decoding still plays as an act; an unknown tool; a meta-action whose arguments fail its schema or that is refused
     over ``max_meta_actions``; on the closing turn, any call but ``note``). So an attempted call always costs:
@@ -158,6 +174,11 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
     transcript: list[dict] = []
     ws_tokens: list[int] = []
     malformed = remapped = env_steps = meta = 0
+    meta_calls = inadmissible = 0  # calls that are not environment actions; well-formed acts of inadmissible commands
+
+    def budget_spent() -> bool:  # the shared budget of environment actions and meta-action calls (budget mode)
+        return interaction_budget is not None and env_steps + meta_calls >= interaction_budget
+
     grounded_before = getattr(policy, "grounded", 0)  # every turn's, the closing one's included
     won, error = False, None
     try:
@@ -194,6 +215,7 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
         calls = dec.before + [(dec.name, dec.args)]
         if finished:  # the last turn: only a note is executed
             for name, args in calls:
+                meta_calls += name not in (None, "act")  # the closing calls spend the budget too (|tau| may pass it)
                 if name == "note" and (view is None or view.harness):  # also past the meta-action budget
                     entry = {"turn": name, "args": args, "generated_tokens": turn_tokens}
                     entry["result"], entry["ok"] = workspace.call("note", args, env_steps)
@@ -204,7 +226,10 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
                     workspace.usage.rejected_turns += 1
             break
         for name, args in dec.before:  # parallel_calls: the turn's meta-actions ahead of its last call
+            if finished:  # the shared budget ran out on an earlier call of this turn: the rest is dropped
+                break
             entry = {"turn": name, "args": args, "generated_tokens": turn_tokens}
+            meta_calls += 1
             if name in META_ACTIONS:
                 meta += _meta_call(workspace, view, entry, meta, max_meta_actions, env_steps)
             else:  # an act ahead of another call, or an unknown tool: only a turn's last call may act
@@ -213,17 +238,28 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
             transcript.append(_close(entry, workspace, cost_cfg, cost_before))
             ws_tokens.append(len(tokens(entry["workspace"])))
             turn_tokens, cost_before = 0, workspace.usage.cost(cost_cfg)
+            finished = budget_spent()
+        if finished:  # budget spent by the turn's meta-actions: its last call is dropped, the closing turn is next
+            _over_budget(view)
+            policy.observe(final_observation(transcript[-1]["result"], False))
+            continue
         entry = {"turn": dec.name or "malformed", "args": dec.args, "generated_tokens": turn_tokens}
         if dec.name in META_ACTIONS:
+            meta_calls += 1
             meta += _meta_call(workspace, view, entry, meta, max_meta_actions, env_steps)
+            finished = _over_budget(view) if budget_spent() else False
         elif dec.name not in (None, "act"):
+            meta_calls += 1
             malformed += 1
             _reject(workspace, view, entry,
                     f"error: unknown tool {dec.name!r}; call act or one of {list(META_ACTIONS)}")
+            finished = _over_budget(view) if budget_spent() else False
         else:
             command = str(dec.args.get("command", dec.text)) if dec.name == "act" else dec.text
             chosen = closest_admissible(command.strip(), res.admissible_commands)
             remapped += chosen != command.strip()
+            # a well-formed act of a command that is not admissible: an invalid action (a malformed one is rejected)
+            inadmissible += dec.name == "act" and not dec.malformed and chosen != command.strip()
             try:
                 res = call_with_timeout(env.step, env_timeout_s, chosen)
             except Exception as exc:
@@ -235,7 +271,7 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
             entry.update(turn="act", command=chosen, generated=command, result=text, won=won)
             if dec.appended:
                 entry["appended"] = True
-            finished = res.done or env_steps >= max_env_steps
+            finished = res.done or env_steps >= max_env_steps or budget_spent()
             if view is not None:
                 view.record_act(chosen, final_observation(text, won) if finished else text)
                 if finished and not view.harness:
@@ -250,7 +286,7 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
             error = error or "turn budget spent"
     workspace.finish(won)
     return _result(env, workspace, cost_cfg, won, env_steps, malformed, remapped, error, ws_tokens, transcript,
-                   getattr(policy, "grounded", 0) - grounded_before)
+                   getattr(policy, "grounded", 0) - grounded_before, meta_calls, inadmissible, update)
 
 
 def _meta_call(workspace: Workspace, view: TurnView | None, entry: dict, executed: int, budget: int, step: int) -> int:
@@ -269,6 +305,14 @@ def _meta_call(workspace: Workspace, view: TurnView | None, entry: dict, execute
     return int(ok and executed < budget)
 
 
+def _over_budget(view: TurnView | None) -> bool:
+    """The shared budget ran out on a call that was not an act: the closing turn's prompt says the episode is over
+    (as an act's final observation does). Returns True (the episode is finished)."""
+    if view is not None:
+        view.observation = final_observation(view.observation, False)
+    return True
+
+
 def _reject(workspace: Workspace, view: TurnView | None, entry: dict, text: str) -> None:
     """A call that is neither an act nor a meta-action: rejected (it costs a rejected turn), its error recorded."""
     workspace.usage.rejected_turns += 1
@@ -283,12 +327,18 @@ def _close(entry: dict, workspace: Workspace, cost_cfg: CostConfig, cost_before:
     return entry
 
 
-def _result(env, ws, cost_cfg, won, env_steps, malformed, remapped, error, ws_tokens, transcript, grounded_names=0):
+def _result(env, ws, cost_cfg, won, env_steps, malformed, remapped, error, ws_tokens, transcript, grounded_names=0,
+            meta_calls=0, inadmissible=0, update=None):
     cost = ws.usage.cost(cost_cfg)
+    counts = Interaction(won=won, env_steps=env_steps, meta_calls=meta_calls, meta_actions=dict(ws.usage.calls),
+                         repeats=count_repeats([action_key(e) for e in transcript]),
+                         invalid=ws.usage.rejected_turns + inadmissible)
+    parts = reward_parts(counts, cost, cost_cfg, update)  # priced mode: exactly float(won) - cost
     return EpisodeResult(
         game=getattr(env, "game", ""), task_type=getattr(env, "task_type", ""), won=won, env_steps=env_steps,
         meta_actions=dict(ws.usage.calls), generated_tokens=ws.usage.generated_tokens, cost=cost,
-        reward=float(won) - cost, malformed=malformed, remapped=remapped, invalid_meta=ws.usage.invalid_calls,
+        reward=parts.total, malformed=malformed, remapped=remapped, invalid_meta=ws.usage.invalid_calls,
         rejected_turns=ws.usage.rejected_turns,
         error=error, workspace_tokens=ws_tokens, transcript=transcript,
-        cost_by_type=ws.usage.cost_by_type(cost_cfg), grounded_names=grounded_names)
+        cost_by_type=ws.usage.cost_by_type(cost_cfg), grounded_names=grounded_names, meta_calls=meta_calls,
+        repeats=counts.repeats, invalid_actions=counts.invalid, reward_parts=parts.as_dict())

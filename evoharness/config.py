@@ -94,12 +94,12 @@ class IngestConfig:
 
 @dataclass
 class CostConfig:
-    """The harness cost model: what each meta-action and each generated token costs, in reward units.
+    """The harness cost model and the reward GRPO trains on, in reward units (``evoharness.reward``).
 
-    reward = won - cost, where cost = sum over executed meta-actions of ``per_call[type]``
-    + ``per_call_token`` * tokens of the call's arguments and result + ``per_generated_token`` * tokens the
-    policy generated in the episode + ``per_rejected_turn`` * turns the harness rejected. Environment actions cost
-    nothing beyond their generated tokens.
+    ``mode`` picks the reward. ``priced`` (the default): reward = won - cost, where cost = sum over executed
+    meta-actions of ``per_call[type]`` + ``per_call_token`` * tokens of the call's arguments and result
+    + ``per_generated_token`` * tokens the policy generated in the episode + ``per_rejected_turn`` * turns the harness
+    rejected. Environment actions cost nothing beyond their generated tokens.
 
     A rejected turn is a malformed one (output that parses as no tool call, even when score decoding still turns it
     into an admissible act), a call to an unknown tool, a meta-action whose arguments fail its schema, or a
@@ -107,7 +107,28 @@ class CostConfig:
     only its tokens (issue 6's first run: 0.1 -> 28.8 malformed turns per episode in 12 steps). The default is the
     dearest ``per_call``, so a rejected call is never cheaper than an executed one. It does not stop the drift on its
     own: at 0.03 and no KL term malformed turns still rose to 38 per episode by step 8 (README, issue 6).
+
+    ``budget``: the paper's reward (EvoHarness-RL, arXiv:2608.05446; ``evoharness.reward`` defines every term).
+    Meta-actions spend the same interaction budget as environment actions and the priced cost above is computed and
+    logged but not charged. Its weights, with the defaults of the paper's ALFWorld GRPO run (its
+    ``configs/train/common.yaml`` ``reward_shaping`` and ``env`` sections, ``configs/train/alfworld.yaml``):
+
+    - ``task_reward`` (10.0, ``env.success_reward``): reward of a won episode.
+    - ``interaction_budget`` (T_max, 70, ``env.max_steps`` of the ALFWorld run; ``RewardConfig.max_steps`` is 50
+      only when no environment horizon is given): the episode's budget of environment actions plus meta-action
+      calls in training, and the horizon of the efficiency term.
+    - ``lambda_eff`` (1.0): weight of ``1[won] * (T_max - |tau|) / T_max``.
+    - ``lambda_div0`` (1.0, ``lambda_div_max``) and ``anneal_updates`` (U, 150: ``trainer.total_epochs``, which the
+      paper's ``anneal_updates`` defaults to): the diversity weight, cosine-annealed from ``lambda_div0`` at GRPO
+      step 0 to 0 at step U.
+    - ``lambda_spam`` (0.1) and ``spam_cap`` (C_spam, 10): the price of a repeated call, at most ``spam_cap`` of them.
+    - ``lambda_inv`` (0.1, ``lambda_invalid``): the price of an invalid action.
+    - ``charge_meta_actions`` (True, ``env.harness.charge_meta_actions`` in training): meta-action calls spend the
+      budget; False charges environment actions only (the paper's evaluation setting), for the ablation that turns
+      the budget charge off.
     """
+
+    MODES = ("priced", "budget")
 
     per_call: dict[str, float] = field(
         default_factory=lambda: {"track": 0.02, "commit": 0.02, "recall": 0.03, "note": 0.03}
@@ -115,6 +136,25 @@ class CostConfig:
     per_call_token: float = 0.0005
     per_generated_token: float = 0.0002
     per_rejected_turn: float = 0.03
+    mode: str = "priced"
+    task_reward: float = 10.0
+    interaction_budget: int = 70
+    lambda_eff: float = 1.0
+    lambda_div0: float = 1.0
+    anneal_updates: int = 150
+    lambda_spam: float = 0.1
+    spam_cap: int = 10
+    lambda_inv: float = 0.1
+    charge_meta_actions: bool = True
+
+    def __post_init__(self):
+        if self.mode not in self.MODES:
+            raise ValueError(f"cost.mode is {self.mode!r}; use one of {list(self.MODES)}")
+        if self.interaction_budget < 1 or self.anneal_updates < 1:
+            raise ValueError(f"cost.interaction_budget ({self.interaction_budget}) and cost.anneal_updates "
+                             f"({self.anneal_updates}) must be at least 1")
+        if self.spam_cap < 0:
+            raise ValueError(f"cost.spam_cap is {self.spam_cap}; use 0 or more")
 
 
 @dataclass

@@ -9,13 +9,18 @@ what the policy read. The samples are built in ``evoharness.rollouts``.
 The path from rollout to loss (GRPO: Shao et al. 2024, "DeepSeekMath", arXiv:2402.03300):
 1. rollout: each prompt (a game's first observation) is played ``num_generations`` times -> a group (``turn``
    context: ``turns_per_episode`` turns of each episode are the group's samples);
-2. reward: ``won - cost`` with cost = per-call price of each *executed* meta-action + per-token price of the
-   calls' arguments and results + per-token price of everything the policy generated + a price per turn the harness
-   rejected: malformed output, unknown tool, invalid or refused meta-action (``EpisodeUsage.cost``);
+2. reward (``evoharness.reward``, ``cost.mode``): ``priced`` (the default): ``won - cost`` with cost = per-call
+   price of each *executed* meta-action + per-token price of the calls' arguments and results + per-token price of
+   everything the policy generated + a price per turn the harness rejected: malformed output, unknown tool, invalid
+   or refused meta-action (``EpisodeUsage.cost``). ``budget``: the paper's (EvoHarness-RL, arXiv:2608.05446)
+   task + efficiency + annealed diversity - spam - invalid terms, with environment actions and meta-action calls
+   sharing one interaction budget; the priced cost is still computed and logged;
 3. advantage: TRL normalises rewards within each group; the loss uses generated tokens only (``env_mask``).
 
-Per step it logs to MLflow: success rate, reward, cost, meta-actions per episode by type (the annealing curve),
-environment steps, generated tokens and rendered workspace tokens (harness evolution).
+Per step it logs to MLflow: success rate, reward and each of its terms (``reward_task``, ``reward_eff``,
+``reward_div``, ``lambda_div``, ``reward_spam``, ``reward_inv``, ``reward_cost``), the priced cost (``cost``, charged or
+not), meta-actions per episode by type (the annealing curve), environment steps, generated tokens and rendered
+workspace tokens (harness evolution).
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from evoharness.rollouts import HarnessRollouts, TurnRollouts, build_prompts, re
 
 
 def episode_reward(prompts, completions, episode_reward, **kwargs) -> list[float]:
-    """TRL reward function: the ``won - cost`` computed by the policy loop for each rollout."""
+    """TRL reward function: the reward the policy loop computed for each rollout (``EpisodeResult.reward``: under
+    ``cost.mode``, ``won - cost`` or the paper's budget reward)."""
     return list(episode_reward)
 
 

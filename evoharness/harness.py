@@ -182,7 +182,8 @@ class EpisodeUsage:
 
     def cost(self, cfg: CostConfig) -> float:
         """cost = sum_type per_call[type] * calls[type] + per_call_token * call_tokens
-        + per_generated_token * generated_tokens + per_rejected_turn * rejected_turns (reward units)."""
+        + per_generated_token * generated_tokens + per_rejected_turn * rejected_turns (reward units). The reward
+        charges it in ``cost.mode: priced``; in ``budget`` mode it is only logged (``evoharness.reward``)."""
         return (sum(self.cost_by_type(cfg).values()) + cfg.per_generated_token * self.generated_tokens
                 + cfg.per_rejected_turn * self.rejected_turns)
 

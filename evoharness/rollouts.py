@@ -7,13 +7,17 @@ Two layouts, one per context (``TraceConfig.context``):
 * ``TurnRollouts`` (``turn``): every turn has its own prompt (task, workspace, recent commands, observation), so an
   episode is not one sequence. A GRPO group is ``num_generations`` episodes of the same game; from each episode
   ``turns_per_episode`` turns are drawn (uniformly, without replacement while it has enough), and each drawn turn is
-  one sample: that turn's prompt, the tokens the policy produced, and the episode's reward ``won - cost``. TRL
+  one sample: that turn's prompt, the tokens the policy produced, and the episode's reward (``won - cost``, or the
+  paper's budget reward with ``cost.mode: budget``: ``evoharness.reward``). TRL
   normalises rewards within a group of ``num_generations x turns_per_episode`` samples, so every turn of an episode
   gets the episode's advantage: the episode-level credit assignment of GRPO (Shao et al. 2024, arXiv:2402.03300)
   applied to turn-wise prompts. Sampling a few turns per episode keeps a step's batch bounded however long the
   episodes run.
 
-Both log the same per-step metrics (``episode_metrics``) to ``history.jsonl`` and MLflow.
+Both log the same per-step metrics (``episode_metrics``) to ``history.jsonl`` and MLflow. With ``cost.mode:
+budget`` an episode plays under the shared interaction budget ``T_max`` instead of ``grpo.max_env_steps`` and
+``grpo.max_meta_actions`` (``evoharness.reward.episode_budgets``), and its reward's diversity weight is the one at the
+trainer's current step.
 """
 
 from __future__ import annotations
@@ -27,6 +31,12 @@ from pathlib import Path
 
 from evoharness.config import CostConfig, GRPOStageConfig, TraceConfig
 from evoharness.harness import META_ACTIONS, SYSTEM_PROMPT, TOOLS, ExperienceStore, Workspace
+from evoharness.reward import episode_budgets
+
+# the reward's terms (evoharness.reward.RewardParts) logged per step, by metric name: in both modes they sum to
+# ``reward``; ``reward_cost`` is the priced cost as charged (0 in budget mode), ``cost`` the priced cost either way
+REWARD_METRICS = {"reward_task": "task", "reward_eff": "efficiency", "reward_div": "diversity",
+                  "lambda_div": "lambda_div", "reward_spam": "spam", "reward_inv": "invalid", "reward_cost": "cost"}
 
 
 def episode_metrics(results) -> dict:
@@ -42,7 +52,12 @@ def episode_metrics(results) -> dict:
         "rejected_turns": sum(r.rejected_turns for r in results) / n,
         "workspace_tokens": sum(max(r.workspace_tokens or [0]) for r in results) / n,
         "meta_actions": sum(sum(r.meta_actions.values()) for r in results) / n,
+        "meta_calls": sum(r.meta_calls for r in results) / n,
+        "repeats": sum(r.repeats for r in results) / n,
+        "invalid_actions": sum(r.invalid_actions for r in results) / n,
     }
+    for name, part in REWARD_METRICS.items():
+        out[name] = sum(r.reward_parts.get(part, 0.0) for r in results) / n
     for m in META_ACTIONS:
         out[f"meta_actions_{m}"] = sum(r.meta_actions.get(m, 0) for r in results) / n
         out[f"cost_{m}"] = sum(r.cost_by_type.get(m, 0.0) for r in results) / n
@@ -76,6 +91,10 @@ class _Rollouts:
         self.data_dir = data_dir
         self.calls = 0
 
+    def budgets(self) -> tuple[int, int, int | None]:
+        """(environment steps, meta-actions, shared interaction budget) of a rollout episode under ``cost.mode``."""
+        return episode_budgets(self.cost, self.cfg.max_env_steps, self.cfg.max_meta_actions)
+
     def episode_seed(self, index: int) -> int:
         """The seed of the ``index``-th episode of this call's step (numbered over all processes): distinct for
         every episode of every step."""
@@ -98,13 +117,15 @@ class HarnessRollouts(_Rollouts):
         out = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [], "episode_reward": []}
         results, t0 = [], time.time()
         first = trainer.accelerator.process_index * len(prompts)  # this process's episodes, numbered step-wide
+        env_steps, meta_actions, shared = self.budgets()
         for i, prompt in enumerate(prompts, start=first):
             game = self.by_obs[prompt[-1]["content"]]
-            env = ALFWorldEnv(game, max_steps=self.cfg.max_env_steps + 1, expert=False, data_dir=self.data_dir)
+            env = ALFWorldEnv(game, max_steps=env_steps + 1, expert=False, data_dir=self.data_dir)
             policy = LMPolicy(model, tokenizer, self.cfg.max_new_tokens, self.cfg.temperature)
             ws = Workspace.from_config(self.experience, f"grpo-{self.calls}-{i}", self.workspace_cfg)
             seed = self.episode_seed(i)
-            res = run_episode(env, policy, ws, self.cost, self.cfg.max_env_steps, self.cfg.max_meta_actions, seed)
+            res = run_episode(env, policy, ws, self.cost, env_steps, meta_actions, seed, interaction_budget=shared,
+                              update=trainer.state.global_step)
             env.close()
             results.append(res)
             rollout = policy.rollout() if getattr(policy, "prompt_ids", None) else {}
@@ -131,11 +152,13 @@ class TurnRollouts(_Rollouts):
 
     context = "turn"
 
-    def play(self, model, tokenizer, game: str, episode_id: str, seed: int, generate_fn=None):
+    def play(self, model, tokenizer, game: str, episode_id: str, seed: int, generate_fn=None,
+             update: int | None = None):
         """One sampled episode of ``game``; returns (EpisodeResult, the policy's recorded turns). ``seed`` seeds the
         game and torch's sampler: with ``model.generate`` an episode's draws do not depend on which process plays it
         (what it reads from the shared Experience store still can). ``generate_fn``: ``LMPolicy``'s generation
-        backend (None: ``model.generate``; vLLM keeps its own per-process sampler state)."""
+        backend (None: ``model.generate``; vLLM keeps its own per-process sampler state). ``update``: the GRPO step
+        the reward's diversity weight is taken at (``cost.mode: budget``)."""
         import torch
 
         from evoharness.agent import run_episode
@@ -144,7 +167,8 @@ class TurnRollouts(_Rollouts):
         from evoharness.lm_policy import LMPolicy
 
         wcfg = self.workspace_cfg
-        env = ALFWorldEnv(game, max_steps=self.cfg.max_env_steps + 1, expert=False, data_dir=self.data_dir)
+        env_steps, meta_actions, shared = self.budgets()
+        env = ALFWorldEnv(game, max_steps=env_steps + 1, expert=False, data_dir=self.data_dir)
         policy = LMPolicy(model, tokenizer, self.cfg.max_new_tokens, self.cfg.temperature, context="turn",
                           decoding="score", tools=TOOLS if wcfg.tools_in_prompt else None, generate_fn=generate_fn,
                           act_each_turn=wcfg.parallel_calls,  # as evaluation plays it (EvalConfig.act_each_turn)
@@ -152,8 +176,8 @@ class TurnRollouts(_Rollouts):
         ws = Workspace.from_config(self.experience, episode_id, wcfg)
         torch.manual_seed(seed)
         try:
-            res = run_episode(env, policy, ws, self.cost, self.cfg.max_env_steps, self.cfg.max_meta_actions, seed,
-                              view=turn_view(wcfg))
+            res = run_episode(env, policy, ws, self.cost, env_steps, meta_actions, seed, view=turn_view(wcfg),
+                              interaction_budget=shared, update=update)
         finally:
             env.close()
         return res, getattr(policy, "turns", [])
@@ -181,7 +205,7 @@ class TurnRollouts(_Rollouts):
                     for e in range(self.cfg.num_generations):
                         seed = self.episode_seed(g * self.cfg.num_generations + e)
                         res, turns = self.play(model, tokenizer, game, f"grpo-{self.calls}-{g}-{e}", seed,
-                                               generate_fn)
+                                               generate_fn, update=trainer.state.global_step)
                         results.append(res)
                         for t in sample_turns(turns, per_episode, seed) or [None] * per_episode:
                             t = t or empty_turn(tokenizer, prompts[start])
