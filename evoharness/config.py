@@ -156,6 +156,17 @@ class CostConfig:
         if self.spam_cap < 0:
             raise ValueError(f"cost.spam_cap is {self.spam_cap}; use 0 or more")
 
+    # the budget reward's fields, added after evaluations were recorded: in ``priced`` mode they charge nothing, so
+    # an evaluation's identity leaves them out and older evaluation folders still resume
+    BUDGET_FIELDS = ("mode", "task_reward", "interaction_budget", "lambda_eff", "lambda_div0", "anneal_updates",
+                     "lambda_spam", "spam_cap", "lambda_inv", "charge_meta_actions")
+
+    def identity(self) -> dict:
+        """The fields that change what an evaluation charges: all of them in ``budget`` mode, the priced ones in
+        ``priced`` mode (``dataclasses.asdict`` less ``BUDGET_FIELDS``)."""
+        values = dataclasses.asdict(self)
+        return values if self.mode != "priced" else {k: v for k, v in values.items() if k not in self.BUDGET_FIELDS}
+
 
 @dataclass
 class TraceConfig:

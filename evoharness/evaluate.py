@@ -164,7 +164,7 @@ def evaluation_identity(policy: str, cfg: EvalConfig, cost: CostConfig, workspac
     """What ``evaluation.json`` records: the policy (``identity`` or ``policy``), settings, costs and workspace
     layout, and for the ``expert`` policy which expert (``alfworld_env.EXPERT``), as they read back from JSON; an
     evaluation resumes only into a folder with the same."""
-    ident = {"policy": identity or policy, "settings": cfg.identity(), "cost": dataclasses.asdict(cost),
+    ident = {"policy": identity or policy, "settings": cfg.identity(), "cost": cost.identity(),
              "workspace": dataclasses.asdict(workspace_cfg) if workspace_cfg else None}
     if policy == "expert":
         ident["expert"] = EXPERT

@@ -213,3 +213,19 @@ def test_cost_mode_is_validated_and_the_budget_profile_loads():
     assert (cfg.cost.interaction_budget, cfg.cost.task_reward, cfg.cost.lambda_inv) == (70, 10.0, 0.1)
     assert cfg.evaluate.max_env_steps == 50  # evaluation keeps ALFWorld's limit
     assert load_profile("full").cost.mode == "priced"
+
+
+def test_priced_evaluations_keep_their_identity_budget_ones_record_every_weight():
+    """An evaluation folder written before the budget fields existed still resumes in priced mode; a budget-mode
+    evaluation is told apart by its weights."""
+    from evoharness.config import EvalConfig
+    from evoharness.evaluate import evaluation_identity
+
+    priced = evaluation_identity("p", EvalConfig(), CostConfig(), None)["cost"]
+    assert priced == {"per_call": {"track": 0.02, "commit": 0.02, "recall": 0.03, "note": 0.03},
+                      "per_call_token": 0.0005, "per_generated_token": 0.0002, "per_rejected_turn": 0.03}
+    budget = evaluation_identity("p", EvalConfig(), CostConfig(mode="budget"), None)["cost"]
+    assert budget["mode"] == "budget" and budget["interaction_budget"] == 70
+    other = evaluation_identity("p", EvalConfig(), dataclasses.replace(CostConfig(mode="budget"), lambda_eff=0.0),
+                                None)["cost"]
+    assert other != budget
