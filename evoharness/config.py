@@ -534,13 +534,42 @@ def _read_profile(path: Path, seen: tuple = ()) -> dict:
     return merged
 
 
+def _merge(base: dict, over: dict) -> dict:
+    """``over`` on top of ``base``, dict-valued fields (``cost.per_call``) merged key by key."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def parse_overrides(items: list[str] | tuple[str, ...]) -> dict:
+    """Command-line overrides ``SECTION.FIELD=VALUE`` (``sft.learning_rate=1e-3``, ``cost.per_call.track=0.05``,
+    ``registered_model_name=NAME``) -> ``{"section": {"field": value}}`` for ``load_profile``. Values are parsed by
+    OmegaConf's dotlist grammar (``OmegaConf.from_dotlist``: numbers, ``true``/``false``, ``null``, strings), then
+    checked against the field's type by ``load_profile``; OmegaConf is used for the parsing only, the dataclasses
+    stay the schema. Raises ValueError naming an item without ``=`` or without a section."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    for item in items:
+        key = item.split("=", 1)[0]
+        if "=" not in item or ("." not in key and key != "registered_model_name"):
+            raise ValueError(f"override {item!r}: write SECTION.FIELD=VALUE, e.g. sft.learning_rate=1e-3 "
+                             f"(sections: {sorted(_SECTIONS)})")
+    try:
+        return OmegaConf.to_container(OmegaConf.from_dotlist(list(items)))
+    except OmegaConfBaseException as exc:
+        raise ValueError(f"overrides {list(items)}: {exc}") from exc
+
+
 def load_profile(name_or_path: str = "default", overrides: dict | None = None) -> PipelineConfig:
     """Resolve a profile into a ``PipelineConfig``.
 
     Args:
         name_or_path: a profile name (``profiles/<name>.yaml`` or ``profiles/experiments/<name>.yaml``) or a path to a YAML file. A profile may start
             from another with ``extends: <name>``; its sections' fields override the parent's field by field.
-        overrides: ``{"section": {"field": value}}`` applied after the profile.
+        overrides: ``{"section": {"field": value}}`` applied after the profile (``parse_overrides`` makes it from
+            ``sft.learning_rate=1e-3`` strings); a dict-valued field is merged key by key.
 
     Raises:
         FileNotFoundError: no such profile; the message lists the available ones.
@@ -554,7 +583,7 @@ def load_profile(name_or_path: str = "default", overrides: dict | None = None) -
         raise FileNotFoundError(f"profile {name_or_path!r} not found ({path}); available: {known}")
     raw = _read_profile(path)
     for section, values in (overrides or {}).items():
-        raw[section] = {**(raw.get(section) or {}), **values}
+        raw[section] = _merge(raw.get(section) or {}, values) if isinstance(values, dict) else values
     cfg = PipelineConfig(profile=path.stem)
     for key, values in raw.items():
         if key == "registered_model_name":
@@ -572,6 +601,8 @@ def load_profile(name_or_path: str = "default", overrides: dict | None = None) -
         default = getattr(cfg, key)
         for name, value in values.items():
             _check_type(path, key, name, getattr(default, name), value)
+        # a dict-valued field (cost.per_call) given in part keeps its other keys
+        values = {k: _merge(getattr(default, k), v) if isinstance(v, dict) else v for k, v in values.items()}
         setattr(cfg, key, dataclasses.replace(default, **values))
     return cfg
 

@@ -171,3 +171,22 @@ def test_profiles_resolve_and_bad_ones_name_the_problem(tmp_path):
         else:
             with pytest.raises(ValueError, match=error):
                 load_profile(str(path))
+
+
+def test_dotted_overrides_reach_every_field_with_its_type_checked():
+    import pytest
+
+    from evoharness.config import load_profile, parse_overrides
+
+    over = parse_overrides(["sft.learning_rate=1e-3", "traces.recent_actions=4", "evaluate.limit=0",
+                            "cost.per_call.track=0.05", "model.path=models/x", "registered_model_name=other"])
+    cfg = load_profile("full", over)
+    assert (cfg.sft.learning_rate, cfg.traces.recent_actions, cfg.evaluate.limit, cfg.model.path) == (1e-3, 4, 0, "models/x")
+    assert cfg.cost.per_call == {"track": 0.05, "commit": 0.02, "recall": 0.03, "note": 0.03}  # merged, not replaced
+    assert cfg.registered_model_name == "other" and cfg.sft.time_budget_s == 5400  # the rest is the profile's
+    with pytest.raises(ValueError, match="SECTION.FIELD=VALUE"):
+        parse_overrides(["learning_rate=1e-3"])
+    with pytest.raises(ValueError, match="sft.max_steps is 'many'"):
+        load_profile("full", parse_overrides(["sft.max_steps=many"]))
+    with pytest.raises(ValueError, match="unknown fields \\['lr'\\]"):
+        load_profile("full", parse_overrides(["sft.lr=1"]))
