@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import math
 
-from evoharness.rawlog import Episode, RawLogError, validate_record
+from evoharness.rawlog import Episode, RawLogError, validate_record, what_to_do
 
 FORMAT = "evoharness.generic/v1"
 SUFFIX = ".generic.jsonl"
@@ -181,7 +181,7 @@ def parse_generic_lines(lines, source: str, quarantine: list | None = None) -> l
 
     def bad(where: str, error: str, line: str) -> None:
         if quarantine is None:
-            raise RawLogError(error)
+            raise RawLogError(error + what_to_do(where))
         quarantine.append({"where": where, "error": error, "line": line})
 
     for lineno, line in enumerate(lines, 1):

@@ -45,7 +45,18 @@ FIELDS: dict[str, tuple] = {
 
 
 class RawLogError(ValueError):
-    """A raw-log record that does not match the schema; the message names file, line and field."""
+    """A raw-log record that does not match the schema; the message names file, line and field (and, raised while
+    reading a shard, what to do: ``what_to_do``)."""
+
+
+def what_to_do(where: str) -> str:
+    """The ways on from a bad record at ``where`` (``<shard>:<line>``), appended to the error that stops reading:
+    fix the line, restore the shard DVC recorded, or quarantine bad records and go on."""
+    shard, _, line = where.rpartition(":")
+    return (f". To go on: fix line {line} of {shard} (then `dvc add` its folder to record the fixed version); or, "
+            f"if the file was changed after DVC recorded it, restore the recorded version with `dvc checkout --force "
+            f"{shard}` (this discards the changes); or set `ingest.on_error: quarantine` in the profile to set bad "
+            f"records aside in runs/quarantine/ and go on without them")
 
 
 @dataclass
@@ -114,7 +125,7 @@ def parse_lines(lines, source: str, quarantine: list | None = None) -> list[Epis
 
     def bad(where: str, error: str, line: str, episode_id: str | None = None) -> None:
         if quarantine is None:
-            raise RawLogError(error)
+            raise RawLogError(error + what_to_do(where))
         quarantine.append({"where": where, "error": error, "line": line})
         if episode_id is not None:
             broken.setdefault(episode_id, where)

@@ -14,9 +14,11 @@ EVAL_KEYS = ("split", "episodes", "games_in_split", "success_rate", "success_by_
 
 
 def pipeline_summary(ev: dict, parent_ev: dict, model: dict, grpo: dict, sft: dict, traces: dict, data: dict,
-                     walls: dict, cached: dict, promotion: dict, parent_run_id: str, lineage: dict) -> dict:
+                     walls: dict, cached: dict, promotion: dict, parent_run_id: str, lineage: dict,
+                     ingest: dict | None = None) -> dict:
     """Merge the stages' results into the summary (evaluation keys at top level, as ``flows.evaluate`` writes).
-    ``grpo`` and ``parent_ev`` are None when the pipeline stopped after SFT."""
+    ``grpo`` and ``parent_ev`` are None when the pipeline stopped after SFT. ``ingest``: ``{"on_error",
+    "quarantined_records"}`` of the ingest stage (all data folders together)."""
     return {
         **{k: ev[k] for k in EVAL_KEYS},
         "mlflow_run_id": parent_run_id,
@@ -39,6 +41,7 @@ def pipeline_summary(ev: dict, parent_ev: dict, model: dict, grpo: dict, sft: di
         "traces": {k: traces.get(k) for k in ("episodes", "kept", "dagger_episodes", "train_rows", "valid_rows",
                                              "content_hash")},
         "data": data,
+        "ingest": ingest or {"on_error": "stop", "quarantined_records": 0},
         "lineage": lineage,
     }
 
@@ -90,6 +93,10 @@ def print_summary(s: dict) -> None:
     print(f"\nregistered {s['model_uri']} (alias candidate); champion: "
           f"{'moved to it' if pr['promoted'] else kept} ({pr.get('reason', '')})")
     print(f"data: {s['data']['status']}, DVC md5 {s['data']['md5']}; trace hash {s['traces']['content_hash'][:16]}")
+    ing = s.get("ingest") or {}
+    if ing.get("on_error") == "quarantine" or ing.get("quarantined_records"):
+        print(f"ingest: {ing.get('quarantined_records', 0)} bad raw-log records quarantined (ingest.on_error: "
+              f"{ing.get('on_error')}), set aside in runs/quarantine/<md5>.jsonl")
     print(f"MLflow run id: {s['mlflow_run_id']}")
 
 

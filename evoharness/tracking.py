@@ -45,11 +45,27 @@ def git_info(repo: str | Path) -> dict:
 
 
 def start_run(name: str, parent_run_id: str | None = None, tags: dict | None = None):
-    """Start an MLflow run (nested under ``parent_run_id`` when given) and return it (use as a context manager)."""
+    """Start an MLflow run (nested under ``parent_run_id`` when given) and return it (use as a context manager).
+
+    The run records the process that runs it (``process.pid``, ``process.host``, ``process.start_time``). Then the
+    runs of the same name in its experiment left RUNNING by a process that is gone are closed as KILLED with a
+    ``killed_reason`` (``evoharness.faults.close_dead_runs``; runs of other hosts are left alone with a warning).
+
+    Raises what ``mlflow.start_run`` raises; when closing the dead runs fails, the new run ends FAILED and the error
+    is raised.
+    """
     import mlflow
 
-    return mlflow.start_run(run_name=name, nested=parent_run_id is not None, parent_run_id=parent_run_id,
-                            tags=tags or {})
+    from evoharness.faults import close_dead_runs, process_tags
+
+    run = mlflow.start_run(run_name=name, nested=parent_run_id is not None, parent_run_id=parent_run_id,
+                           tags={**(tags or {}), **process_tags()})
+    try:
+        close_dead_runs(name, run.info.experiment_id, closer=run.info.run_id)
+    except BaseException:
+        mlflow.end_run("FAILED")  # not left RUNNING itself by the failure
+        raise
+    return run
 
 
 def flat(prefix: str, d: dict) -> dict:

@@ -21,12 +21,13 @@ import dataclasses
 import time
 from pathlib import Path
 
+import yaml
 from prefect import flow
 
 from evoharness.config import load_profile
 from evoharness.release import experience_path, is_release, play_settings
 from evoharness.report import write_summary
-from evoharness.tracking import configure, git_info
+from evoharness.tracking import configure, git_info, start_run
 from tasks.evaluation import evaluate_task
 
 REPO = str(Path(__file__).resolve().parent.parent)
@@ -55,9 +56,7 @@ def evaluate_flow(policy: str, split: str = "valid_seen", limit: int = 0, profil
     ev_cfg = dataclasses.replace(cfg.evaluate, **{k: v for k, v in overrides.items() if v is not None})
     configure(repo)
     work = work_folder(work_dir, split, repo)
-    import mlflow
-
-    with mlflow.start_run(run_name=f"evaluate-{split}", tags={**git_info(repo), "policy": policy}) as run:
+    with start_run(f"evaluate-{split}", tags={**git_info(repo), "policy": policy}) as run:  # records its process
         summary = evaluate_task(policy, ev_cfg, cfg.cost, str(work), run.info.run_id, experience_path=experience,
                                 model_uri=policy, workspace_cfg=cfg.traces)
     summary["model_uri"] = policy
@@ -102,6 +101,10 @@ def main(argv: list[str] | None = None) -> dict:
                    help="score a track call's entity (and a location's value) over the names in the latest observation "
                         "(evaluate.ground_track; default: the profile's, on in full-parallel and its children)")
     a = p.parse_args(argv)
+    try:  # a profile typo or a bad value is a usage error: said now, before any Prefect server starts
+        load_profile(a.profile or "default")
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        p.error(str(exc))  # the message and exit status 2, no traceback
     return evaluate_flow(a.policy, a.split, a.limit, a.profile, a.summary_json, decoding=a.decoding,
                          work_dir=a.work_dir, workers=a.workers, act_each_turn=False if a.meta_only_turns else None,
                          ground_track=a.ground_track)

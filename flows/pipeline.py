@@ -21,6 +21,7 @@ import dataclasses
 import time
 from pathlib import Path
 
+import yaml
 from prefect import flow
 
 from evoharness.config import load_profile
@@ -28,7 +29,7 @@ from evoharness.rawlog import dagger_policy
 from evoharness.report import pipeline_summary, print_summary, write_summary
 from evoharness.stats import mcnemar_exact
 from tasks.caching import run_stage
-from tasks.data import collect_task, ingest_task, set_parent_tags
+from tasks.data import collect_task, ingest_task, log_parent_metrics, set_parent_tags
 from tasks.evaluation import (
     evaluate_task,
     promote_task,
@@ -75,16 +76,17 @@ def pipeline(profile: str = "default", data_rev: str | None = None, split: str |
             cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=start["path"]))
         data = collect_task(cfg, repo, pid)
         lap("collect")
-        episodes, md5 = ingest_task(repo, data_rev, pid, cfg.ingest.on_error, cfg.collect.path)
+        episodes, md5, quarantined = ingest_task(repo, data_rev, pid, cfg.ingest.on_error, cfg.collect.path)
         data_paths, dagger_policies = [cfg.collect.path], {}
         for path in cfg.ingest.dagger:  # DAgger: aggregate expert-labelled policy episodes with the expert logs
-            more, more_md5 = ingest_task(repo, data_rev, pid, cfg.ingest.on_error, path)
-            episodes, md5 = episodes + more, f"{md5}+{more_md5}"
+            more, more_md5, more_quarantined = ingest_task(repo, data_rev, pid, cfg.ingest.on_error, path)
+            episodes, md5, quarantined = episodes + more, f"{md5}+{more_md5}", quarantined + more_quarantined
             data_paths.append(path)
             dagger_policies[path] = dagger_policy(repo, data_rev, path)
         data_path = "+".join(data_paths)
         if cfg.ingest.dagger:
             set_parent_tags(pid, {"dvc_md5": md5, "data_path": data_path})
+        log_parent_metrics(pid, {"quarantined_records": quarantined})
         lap("ingest")
         traces, hit = run_stage(build_traces_task, episodes, md5, cfg, runs, pid)
         lap("build_traces", hit)
@@ -136,7 +138,8 @@ def pipeline(profile: str = "default", data_rev: str | None = None, split: str |
                                 workspace_cfg=cfg.traces, min_success=cfg.promote.min_success)
         lap("promote")
         summary = pipeline_summary(ev, parent_ev, model, grpo, sft, traces, data, walls, cached, decision, pid,
-                                   lineage)
+                                   lineage, ingest={"on_error": cfg.ingest.on_error,
+                                                    "quarantined_records": quarantined})
         # where this run's policy, lessons and evaluation lie (``python -m evoharness.release export`` takes them)
         summary["paths"] = {"final_path": final["final_path"], "experience_path": final["experience_path"],
                             "transcripts": ev.get("transcripts"), "sft_dir": str(Path(sft["final_path"]).parent)}
@@ -162,6 +165,14 @@ def main(argv: list[str] | None = None) -> dict:
                    help="start GRPO from this model (models:/NAME@ALIAS, models:/NAME/VERSION or a folder) instead "
                         "of training SFT")
     a = p.parse_args(argv)
+    # a profile typo or a bad value is a usage error: said now, before any Prefect server starts (exit status 2)
+    if a.sft_model and a.until != "grpo":
+        p.error(f"--sft-model {a.sft_model} skips SFT training: it only makes sense with --until grpo")
+    try:
+        load_profile(a.profile, {"evaluate": {k: v for k, v in (("split", a.split), ("limit", a.limit))
+                                              if v is not None}})
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        p.error(str(exc))  # the message, no traceback
     return pipeline(profile=a.profile, data_rev=a.data_rev, split=a.split, limit=a.limit, summary_json=a.summary_json,
                     until=a.until, sft_model=a.sft_model)
 

@@ -78,11 +78,12 @@ def collect_task(cfg: PipelineConfig, repo: str, parent_run_id: str) -> dict:
 
 @task(name="ingest", timeout_seconds=3600, cache_policy=NO_CACHE)
 def ingest_task(repo: str, data_rev: str | None, parent_run_id: str, on_error: str = "stop",
-                data_path: str = "data") -> tuple[list, str]:
+                data_path: str = "data") -> tuple[list, str, int]:
     """Read and validate the raw logs under ``<data_path>/logs`` at ``data_rev`` through ``dvc.api``; return
-    (episodes, DVC md5).
+    (episodes, DVC md5, number of records quarantined).
 
-    ``on_error="quarantine"`` writes bad records to ``runs/quarantine/<md5>.jsonl`` (also an MLflow artifact)."""
+    ``on_error="quarantine"`` writes bad records to ``runs/quarantine/<md5>.jsonl`` (also an MLflow artifact) and
+    counts them (metric ``quarantined_records``); ``stop`` raises RawLogError at the first, saying what to do."""
     log = get_run_logger()
     quarantine = [] if on_error == "quarantine" else None
     tags = {"data_rev": data_rev or "workspace", "on_error": on_error, "data_path": data_path}
@@ -106,7 +107,7 @@ def ingest_task(repo: str, data_rev: str | None, parent_run_id: str, on_error: s
             mlflow.log_artifact(str(side))
             log.warning(f"{len(quarantine)} raw-log records quarantined to {side}; first: {quarantine[0]['error']}")
     log.info(f"ingested {len(episodes)} episodes at rev {data_rev or 'workspace'} (md5 {md5})")
-    return episodes, md5
+    return episodes, md5, len(quarantine or [])
 
 
 @task(name="dagger", timeout_seconds=6 * 3600, cache_policy=NO_CACHE)
@@ -168,3 +169,10 @@ def set_parent_tags(run_id: str, tags: dict) -> None:
     client = mlflow.MlflowClient()
     for k, v in tags.items():
         client.set_tag(run_id, k, v)
+
+
+def log_parent_metrics(run_id: str, metrics: dict) -> None:
+    """Log metrics on the pipeline's parent run (totals over the per-folder ingests, e.g. quarantined records)."""
+    client = mlflow.MlflowClient()
+    for k, v in metrics.items():
+        client.log_metric(run_id, k, v)
