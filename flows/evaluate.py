@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 from prefect import flow
 
-from evoharness.config import load_profile
+from evoharness.config import load_profile, parse_overrides
 from evoharness.release import experience_path, is_release, play_settings
 from evoharness.report import write_summary
 from evoharness.tracking import configure, git_info, start_run
@@ -37,23 +37,27 @@ REPO = str(Path(__file__).resolve().parent.parent)
 def evaluate_flow(policy: str, split: str = "valid_seen", limit: int = 0, profile: str | None = None,
                   summary_json: str | None = None, repo: str = REPO, decoding: str | None = None,
                   work_dir: str | None = None, workers: int | None = None, act_each_turn: bool | None = None,
-                  ground_track: bool | None = None) -> dict:
+                  ground_track: bool | None = None, overrides: list[str] | None = None) -> dict:
     """Evaluate ``policy`` on ``split`` (``limit`` games evenly spaced, 0 = all); logs one MLflow run.
     ``decoding`` overrides the profile's ``evaluate.decoding`` (``remap`` or ``score``). ``work_dir``: resume an
     evaluation there (see the module docstring); raises ValueError when it holds another policy's or settings'.
     ``workers`` overrides ``evaluate.workers`` (processes, ``evoharness.eval_workers``); ``act_each_turn`` overrides
     ``evaluate.act_each_turn`` (``EvalConfig``: a parallel-calls turn without an act gets one scored);
     ``ground_track`` overrides ``evaluate.ground_track`` (a track's names scored over the latest observation's).
-    ``profile``: the settings to play with (default: a release's own, ``release.json``; else ``default``)."""
-    cfg = load_profile(profile or "default")
-    overrides = {"split": split, "limit": limit, "decoding": decoding, "workers": workers,
-                 "act_each_turn": act_each_turn, "ground_track": ground_track}
+    ``profile``: the settings to play with (default: a release's own, ``release.json``; else ``default``).
+    ``overrides``: ``evaluate.FIELD=VALUE`` / ``cost.FIELD=VALUE`` strings on top of those settings
+    (``evoharness.config.parse_overrides``; e.g. ``evaluate.max_env_steps=70``)."""
+    over = parse_overrides(overrides or [])
+    cfg = load_profile(profile or "default", over)
+    flags = {"split": split, "limit": limit, "decoding": decoding, "workers": workers,
+             "act_each_turn": act_each_turn, "ground_track": ground_track}
     experience = None
     if is_release(policy):
         experience = experience_path(policy)
-        if profile is None:
-            cfg.evaluate, cfg.cost = play_settings(policy, overrides)
-    ev_cfg = dataclasses.replace(cfg.evaluate, **{k: v for k, v in overrides.items() if v is not None})
+        if profile is None:  # the release's own settings, then the overrides
+            cfg.evaluate, cfg.cost = play_settings(policy, {**over.get("evaluate", {}), **flags})
+            cfg.cost = dataclasses.replace(cfg.cost, **over.get("cost", {}))
+    ev_cfg = dataclasses.replace(cfg.evaluate, **{k: v for k, v in flags.items() if v is not None})
     configure(repo)
     work = work_folder(work_dir, split, repo)
     with start_run(f"evaluate-{split}", tags={**git_info(repo), "policy": policy}) as run:  # records its process
@@ -100,14 +104,19 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--ground-track", action=argparse.BooleanOptionalAction, default=None,
                    help="score a track call's entity (and a location's value) over the names in the latest observation "
                         "(evaluate.ground_track; default: the profile's, on in full-parallel and its children)")
+    p.add_argument("overrides", nargs="*", metavar="SECTION.FIELD=VALUE",
+                   help="evaluate.* or cost.* settings on top of the profile's or release's, e.g. evaluate.max_env_steps=70")
     a = p.parse_args(argv)
     try:  # a profile typo or a bad value is a usage error: said now, before any Prefect server starts
-        load_profile(a.profile or "default")
+        over = parse_overrides(a.overrides)
+        if set(over) - {"evaluate", "cost"}:
+            raise ValueError(f"{sorted(set(over) - {'evaluate', 'cost'})}: evaluation takes evaluate.* and cost.* only")
+        load_profile(a.profile or "default", over)
     except (OSError, ValueError, yaml.YAMLError) as exc:
         p.error(str(exc))  # the message and exit status 2, no traceback
     return evaluate_flow(a.policy, a.split, a.limit, a.profile, a.summary_json, decoding=a.decoding,
                          work_dir=a.work_dir, workers=a.workers, act_each_turn=False if a.meta_only_turns else None,
-                         ground_track=a.ground_track)
+                         ground_track=a.ground_track, overrides=a.overrides)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The main flow: DVC-tracked logs -> BPE traces -> SFT -> cost-aware GRPO -> evaluation -> registered policy.
 
     python -m flows.pipeline [--profile NAME] [--data-rev REV] [--split NAME] [--limit N] [--until sft|grpo]
-                             [--summary-json FILE]
+                             [--summary-json FILE] [SECTION.FIELD=VALUE ...]
 
 ``--until sft`` stops training after SFT: the SFT policy is registered (alias ``candidate``), evaluated and
 considered for ``champion``, with no GRPO stage.
@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 from prefect import flow
 
-from evoharness.config import load_profile
+from evoharness.config import load_profile, parse_overrides
 from evoharness.rawlog import dagger_policy
 from evoharness.report import pipeline_summary, print_summary, write_summary
 from evoharness.stats import mcnemar_exact
@@ -48,17 +48,19 @@ REPO = str(Path(__file__).resolve().parent.parent)
 @flow(name="evoharness-pipeline")
 def pipeline(profile: str = "default", data_rev: str | None = None, split: str | None = None,
              limit: int | None = None, summary_json: str | None = None, repo: str = REPO,
-             until: str = "grpo", sft_model: str | None = None) -> dict:
+             until: str = "grpo", sft_model: str | None = None, overrides: list[str] | None = None) -> dict:
     """Run every stage once (cached stages are reused); returns the summary, also written to ``summary_json``.
 
     ``until``: ``grpo`` (every stage) or ``sft`` (no GRPO: the SFT policy is the candidate). Raises ValueError
     for another value. ``sft_model``: a registered version (``models:/NAME@ALIAS``) or folder to start GRPO from
-    instead of training SFT (the data and trace stages still run: GRPO starts from their Experience store)."""
+    instead of training SFT (the data and trace stages still run: GRPO starts from their Experience store).
+    ``overrides``: ``SECTION.FIELD=VALUE`` strings applied on top of the profile (``evoharness.config.parse_overrides``);
+    ``split`` and ``limit`` are ``evaluate.split`` and ``evaluate.limit``."""
     if until not in ("sft", "grpo"):
         raise ValueError(f"until is {until!r}; use 'sft' or 'grpo'")
     if sft_model and until != "grpo":
         raise ValueError(f"--sft-model {sft_model} skips SFT training: it only makes sense with --until grpo")
-    cfg = load_profile(profile, {"evaluate": {k: v for k, v in (("split", split), ("limit", limit)) if v is not None}})
+    cfg = load_profile(profile, resolve_overrides(overrides, split, limit))
     runs = str(Path(repo) / "runs")
     evals = str(Path(runs) / "eval" / time.strftime(f"%Y%m%d-%H%M%S-{cfg.profile}"))
     walls, cached, t = {}, {}, time.time()
@@ -152,8 +154,18 @@ def pipeline(profile: str = "default", data_rev: str | None = None, split: str |
     return summary
 
 
+def resolve_overrides(overrides: list[str] | None, split: str | None, limit: int | None) -> dict:
+    """The profile overrides of a run: the ``SECTION.FIELD=VALUE`` strings, then ``--split`` and ``--limit``."""
+    over = parse_overrides(overrides or [])
+    over["evaluate"] = {**over.get("evaluate", {}),
+                        **{k: v for k, v in (("split", split), ("limit", limit)) if v is not None}}
+    return over
+
+
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description="Run the EvoHarness pipeline on the embedded default model.")
+    p = argparse.ArgumentParser(description="Run the EvoHarness pipeline (profile default: retrain the champion).",
+                                epilog="Any config field can be set after the flags: python -m flows.pipeline "
+                                       "--profile full sft.learning_rate=1e-3 evaluate.limit=20")
     p.add_argument("--profile", default="default", help="profiles/<NAME>.yaml (default: default)")
     p.add_argument("--data-rev", default=None,
                    help="git rev whose <collect.path>.dvc names the logs (default: workspace)")
@@ -164,17 +176,18 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--sft-model", default=None,
                    help="start GRPO from this model (models:/NAME@ALIAS, models:/NAME/VERSION or a folder) instead "
                         "of training SFT")
+    p.add_argument("overrides", nargs="*", metavar="SECTION.FIELD=VALUE",
+                   help="set any config field on top of the profile, e.g. sft.learning_rate=1e-3")
     a = p.parse_args(argv)
     # a profile typo or a bad value is a usage error: said now, before any Prefect server starts (exit status 2)
     if a.sft_model and a.until != "grpo":
         p.error(f"--sft-model {a.sft_model} skips SFT training: it only makes sense with --until grpo")
     try:
-        load_profile(a.profile, {"evaluate": {k: v for k, v in (("split", a.split), ("limit", a.limit))
-                                              if v is not None}})
+        load_profile(a.profile, resolve_overrides(a.overrides, a.split, a.limit))
     except (OSError, ValueError, yaml.YAMLError) as exc:
         p.error(str(exc))  # the message, no traceback
     return pipeline(profile=a.profile, data_rev=a.data_rev, split=a.split, limit=a.limit, summary_json=a.summary_json,
-                    until=a.until, sft_model=a.sft_model)
+                    until=a.until, sft_model=a.sft_model, overrides=a.overrides)
 
 
 if __name__ == "__main__":

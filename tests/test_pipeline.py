@@ -441,6 +441,9 @@ def test_a_release_evaluates_with_its_own_settings_and_gives_back_its_figures(fi
     assert ev["won_by_game"] == first_run["won_by_game"]
     assert ev["mean_steps"] == first_run["mean_steps"] <= 3
     assert ev["generated_tokens_per_episode"] == first_run["generated_tokens_per_episode"]
+    shorter = evaluate_flow(str(tiny_release), split="valid_seen", limit=2, repo=str(pipeline_repo),
+                            overrides=["evaluate.max_env_steps=1"])  # a dotted override beats the release's own
+    assert shorter["mean_steps"] <= 1
 
 
 def test_register_release_and_its_lineage(first_run, tiny_release, pipeline_repo):
