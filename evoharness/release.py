@@ -266,6 +266,35 @@ def record_evaluation(path: str | Path, registered_name: str, version: str, spli
     return summary | {"mlflow_run_id": run.info.run_id, "games": games}
 
 
+def replay(path: str | Path, split: str, index: int, work_dir: str | Path):
+    """Play game ``index`` of the release's recorded ``split`` evaluation alone, greedily, with the release's settings
+    and Experience store, at its position (its seed and workspace name); returns the ``EpisodeResult``."""
+    from evoharness.config import TraceConfig
+    from evoharness.evaluate import play_games
+
+    cfg, cost = play_settings(path, {"workers": 1})
+    game = recorded_episodes(path, split)[index]["game"]
+    results, _ = play_games(str(path), [game], cfg, cost, Path(work_dir), experience_path(path), progress=None,
+                            workspace_cfg=TraceConfig(), indices=[index])
+    return results[0]
+
+
+def find_smoke_game(path: str | Path, split: str, work_dir: str | Path, tries: int = 8) -> dict:
+    """A won game of the recorded evaluation that the release, played alone, wins again in the recorded steps with
+    the recorded meta-actions: its "known game". In the recorded run a worker's later games recall lessons its
+    earlier games noted, so not every game replays alone; the recorded games won are tried in order, ``tries`` at
+    most. Returns ``{"split", "index", "game", "env_steps", "meta_actions"}``. Raises ReleaseError when none does."""
+    episodes = recorded_episodes(path, split)
+    won = [i for i, e in enumerate(episodes) if e["won"]][:tries]
+    for i in won:
+        res = replay(path, split, i, Path(work_dir) / f"game-{i}")
+        rec = episodes[i]
+        if res.won and res.env_steps == rec["env_steps"] and res.meta_actions == rec["meta_actions"]:
+            return {"split": split, "index": i, "game": rec["game"], "env_steps": rec["env_steps"],
+                    "meta_actions": rec["meta_actions"]}
+    raise ReleaseError(f"{path}: none of the first {len(won)} games won in its {split} evaluation replays alone")
+
+
 def machine_description() -> str:
     """This machine in words: CPU model, cores, whether it has AVX512-BF16 (bf16 autocast) or trains in fp32."""
     import os
@@ -316,6 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--command", required=True, help="the exact command that made it, for the card")
     e.add_argument("--machine", default=None, help="the training machine in words (default: this one)")
     e.add_argument("--out", required=True, help="the release folder, e.g. models/evoharness-full-sft")
+    k = sub.add_parser("smoke", help="find and record the release's known game (release.json smoke_game)")
+    k.add_argument("release")
+    k.add_argument("--work-dir", default="runs/release-smoke")
     r = sub.add_parser("register", help="register a release folder in the local MLflow registry")
     r.add_argument("release")
     r.add_argument("--name", default="evoharness-policy", help="registered model name (default: evoharness-policy)")
@@ -333,6 +365,13 @@ def main(argv: list[str] | None = None) -> int:
             out = export_release(a.out, sft_dir / "final", a.experience or paths["experience_path"], summary,
                                  a.transcripts or paths["transcripts"], load_profile(a.profile), a.command, training)
             print(f"{out}: {release_bytes(out) / 2 ** 20:.1f} MiB; card {out / 'README.md'}")
+        elif a.cmd == "smoke":
+            rel = read_release(a.release)
+            split = next(iter(rel["evaluations"]))
+            rel["smoke_game"] = find_smoke_game(a.release, split, a.work_dir)
+            (Path(a.release) / RELEASE_JSON).write_text(json.dumps(rel, indent=1) + "\n")
+            print(f"{a.release}: known game {rel['smoke_game']['game']} (index {rel['smoke_game']['index']}, "
+                  f"won in {rel['smoke_game']['env_steps']} steps)")
         else:
             from evoharness.tracking import configure
 

@@ -12,8 +12,6 @@ from evoharness.model_card import card_figures
 from evoharness.release import (
     MAX_RELEASE_BYTES,
     ReleaseError,
-    experience_path,
-    play_settings,
     read_release,
     recorded_episodes,
     release_bytes,
@@ -56,22 +54,17 @@ def test_card_states_the_evaluation_summary(release):
 
 @pytest.mark.parametrize("release", RELEASES, ids=[p.name for p in RELEASES])
 def test_release_loads_and_wins_a_known_game_greedily(release, tmp_path):
-    """The first game each evaluation worker played started from the release's own Experience store, so playing
-    it alone, at its position, replays that episode: the release must win it in the recorded number of steps."""
-    from evoharness.config import TraceConfig
-    from evoharness.evaluate import play_games
+    """The release's known game (``release.json`` ``smoke_game``: a game its evaluation won that replays alone, see
+    ``evoharness.release.find_smoke_game``), played alone at its position: won again, in the recorded steps, with
+    the recorded meta-actions."""
+    from evoharness.release import replay
 
-    split = next(iter(read_release(release)["evaluations"]))
-    cfg, cost = play_settings(release, {"workers": 1})
-    workers = read_release(release)["evaluate"]["workers"]
-    episodes = recorded_episodes(release, split)
-    firsts = [(i, e) for i, e in enumerate(episodes[:workers]) if e["won"]]
-    assert firsts, f"{release}: none of the first {workers} recorded games was won; no game to replay"
-    i, known = firsts[0]
-    results, _ = play_games(str(release), [known["game"]], cfg, cost, tmp_path, experience_path(release),
-                            progress=None, workspace_cfg=TraceConfig(), indices=[i])
-    assert results[0].won and results[0].env_steps == known["env_steps"]
-    assert results[0].meta_actions == known["meta_actions"]
+    known = read_release(release)["smoke_game"]
+    recorded = recorded_episodes(release, known["split"])[known["index"]]
+    assert recorded["game"] == known["game"] and recorded["won"]
+    result = replay(release, known["split"], known["index"], tmp_path)
+    assert result.won and result.env_steps == recorded["env_steps"]
+    assert result.meta_actions == recorded["meta_actions"]
 
 
 def test_an_incomplete_release_is_named(tmp_path):
