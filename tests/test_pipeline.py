@@ -361,7 +361,8 @@ def test_dagger_episodes_of_a_registered_version_train_the_next_one_with_lineage
     with pytest.raises(ValueError, match="use another --tag"):
         dagger_flow("models:/evoharness-policy/1", "t", profile="tiny", num_games=3, workers=1, repo=str(pipeline_repo))
     profile = tmp_path / "tiny-dagger.yaml"
-    profile.write_text("extends: tiny\nmodel:\n  path: models:/evoharness-policy/1\nsft:\n  max_steps: 1\n"
+    # a new model: version 1 reads the history layout, these traces are turn-layout (the SFT stage refuses a mix)
+    profile.write_text("extends: tiny\nsft:\n  max_steps: 1\n"
                        "traces:\n  context: turn\ningest:\n  dagger: [data-dagger-t]\n"
                        "registered_model_name: evoharness-policy-dagger\n")
     run = pipeline(profile=str(profile), repo=str(pipeline_repo), until="sft")
