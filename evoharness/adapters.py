@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from evoharness.alfworld_env import StepResult
-from evoharness.rawlog import Episode
+from evoharness.records import Episode, task_of
 
 
 class TextEnv(Protocol):
@@ -29,11 +29,6 @@ class TextEnv(Protocol):
     def close(self) -> None: ...
 
 
-def _task_of(observation: str) -> str:
-    marker = "Your task is to: "
-    return observation.split(marker, 1)[1].strip() if marker in observation else ""
-
-
 class ReplayEnv:
     """Replays a logged episode: each ``step`` returns the next logged observation.
 
@@ -44,7 +39,7 @@ class ReplayEnv:
     def __init__(self, episode: Episode, strict: bool = True):
         self.episode, self.strict = episode, strict
         self.game, self.task_type = episode.game, episode.task_type
-        self.task = _task_of(episode.records[0]["observation"])
+        self.task = task_of(episode.records[0]["observation"])
         self._t = 0
 
     def _result(self) -> StepResult:
@@ -98,7 +93,7 @@ class GymTextEnv:
         out = self.env.reset(seed=seed) if _accepts_seed(self.env.reset) else self.env.reset()
         obs, info = out if isinstance(out, tuple) else (out, {})
         admissible, won = self._info(info)
-        self.task = _task_of(str(obs))
+        self.task = task_of(str(obs))
         return StepResult(str(obs), 0.0, False, won, admissible, None)
 
     def step(self, action: str) -> StepResult:

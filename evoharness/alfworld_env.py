@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evoharness import textworld_speedups
+from evoharness.records import task_of
 
 TASK_TYPES = {
     "pick_and_place_simple": "Pick",
@@ -223,8 +224,7 @@ class ALFWorldEnv:
         random.seed(seed)
         with _quiet():
             obs, info = self._env.reset()
-        marker = "Your task is to: "
-        self.task = obs.split(marker, 1)[1].strip() if marker in obs else ""
+        self.task = task_of(obs)
         return self._result(obs, 0.0, False, info)
 
     def step(self, action: str) -> StepResult:

@@ -18,8 +18,8 @@ The same ``TurnView`` builds the SFT examples (``evoharness.traces``) and the pr
 from __future__ import annotations
 
 from evoharness.harness import NOTHING
+from evoharness.records import TASK_MARKER, task_of
 
-TASK_MARKER = "Your task is to: "
 TURN_SYSTEM_PROMPT = (
     "You are a household agent in a text world. Call one tool per turn: act runs an environment command; "
     "track, commit, recall and note update your workspace and cost reward."
@@ -62,7 +62,7 @@ class TurnView:
         """The episode's first observation (the room and the task)."""
         self.observation = observation
         if not self.task and TASK_MARKER in observation:
-            self.task = observation.split(TASK_MARKER, 1)[1].strip()
+            self.task = task_of(observation)
 
     def record_act(self, command: str, observation: str) -> None:
         """An executed environment command and what the environment answered."""

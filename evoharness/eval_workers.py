@@ -2,7 +2,7 @@
 each with its own copy of the policy and of the Experience store, as ``evoharness.dagger`` plays its episodes.
 
 Worker k of W plays ``games[k::W]`` in order into ``<out>/shard-k-of-W/``, a folder that resumes like any
-evaluation folder (``evoharness.evaluate.play_games``); each game keeps the seed and workspace name of its position
+evaluation folder (``evoharness.play.play_games``); each game keeps the seed and workspace name of its position
 in the whole list. The shards' rows are then written to ``<out>/transcripts.jsonl`` in game order. What a policy
 recalls from Experience, and ``random``'s draws, depend on the episodes played before in the same process, so
 those can differ from a one-process evaluation; the expert's episodes do not (``tests/test_evaluate_workers.py``).
@@ -42,7 +42,7 @@ def _shard(args: tuple) -> tuple[list[dict], dict]:
     _exit_with_parent(parent)
     import torch
 
-    from evoharness.evaluate import play_games
+    from evoharness.play import play_games
 
     torch.set_num_threads(threads)  # the workers share the cores
     results, stats = play_games(policy, games, EvalConfig(**cfg_dict), CostConfig(**cost_dict), Path(out),
@@ -72,12 +72,12 @@ def evaluate_sharded(policy: str, games: list[str], cfg: EvalConfig, cost: CostC
     written over), ``concurrent.futures.process.BrokenProcessPool`` when a worker dies (killed, out of memory):
     the finished episodes stay in the shard folders and a re-run resumes them."""
     from evoharness.agent import EpisodeResult
-    from evoharness.evaluate import _resumable, _write_atomic, evaluation_identity, resolve_model_path
+    from evoharness.play import evaluation_identity, resolve_model_path, resumable, write_atomic
 
     workers = min(cfg.workers, len(games))
     out.mkdir(parents=True, exist_ok=True)
     ident = evaluation_identity(policy, cfg, cost, workspace_cfg, identity)
-    _resumable(out, ident, None)  # raises before anything is written over another evaluation's rows
+    resumable(out, ident, None)  # raises before anything is written over another evaluation's rows
     local = resolve_model_path(policy, out / "model_cache")  # names and folders pass through
     threads = max(1, _cores() // workers)
     shard_indices = [list(range(k, len(games), workers)) for k in range(workers)]
@@ -98,6 +98,6 @@ def evaluate_sharded(policy: str, games: list[str], cfg: EvalConfig, cost: CostC
             results[i] = EpisodeResult(**row)
     stats = {**shards[-1][1], "wall_s": time.time() - t0,  # decoding and context: the same in every shard
              **{k: sum(st[k] for _, st in shards) for k in ("resumed_episodes", "forced_acts")}}
-    _write_atomic(out / "evaluation.json", json.dumps(ident))  # first: rows without it would be refused
-    _write_atomic(out / "transcripts.jsonl", "".join(json.dumps(r.__dict__) + "\n" for r in results))
+    write_atomic(out / "evaluation.json", json.dumps(ident))  # first: rows without it would be refused
+    write_atomic(out / "transcripts.jsonl", "".join(json.dumps(r.__dict__) + "\n" for r in results))
     return results, stats

@@ -35,11 +35,10 @@ from __future__ import annotations
 import json
 import math
 
-from evoharness.rawlog import Episode, RawLogError, validate_record, what_to_do
+from evoharness.records import TASK_MARKER, Episode, RawLogError, task_of, validate_record, what_to_do
 
 FORMAT = "evoharness.generic/v1"
 SUFFIX = ".generic.jsonl"
-TASK_MARKER = "Your task is to: "
 DOC = "docs/generic-log-format.md"
 
 _TOP = {"format", "episode_id", "task", "initial_observation", "steps", "outcome", "source", "metadata"}
@@ -96,7 +95,7 @@ def validate_generic(obj: object, where: str) -> dict:
         _fail(where, "field 'episode_id' is empty; give each episode a unique id")
     if not obj["task"].strip():
         _fail(where, "field 'task' is empty; state what the agent was asked to do")
-    if TASK_MARKER in obj["initial_observation"] and _task_of(obj["initial_observation"]) != obj["task"].strip():
+    if TASK_MARKER in obj["initial_observation"] and task_of(obj["initial_observation"]) != obj["task"].strip():
         _fail(where, f"field 'initial_observation' contains {TASK_MARKER!r} with a task other than field 'task'; "
                      f"drop it from 'initial_observation' (the task is added from 'task')")
     for i, step in enumerate(obj["steps"]):
@@ -123,10 +122,6 @@ def validate_generic(obj: object, where: str) -> dict:
     if "reward" in outcome and not math.isfinite(outcome["reward"]):
         _fail(where, f"field 'outcome.reward' is {outcome['reward']}, expected a finite number")
     return obj
-
-
-def _task_of(observation: str) -> str:
-    return observation.split(TASK_MARKER, 1)[1].strip() if TASK_MARKER in observation else ""
 
 
 def tool_call_text(step: dict) -> str:

@@ -32,7 +32,7 @@ from evoharness.alfworld_env import task_params_from_path
 from evoharness.config import TraceConfig
 from evoharness.context import TurnView
 from evoharness.harness import NOTHING, SYSTEM_PROMPT, TOOLS, ExperienceStore, Workspace, final_observation, tokens
-from evoharness.rawlog import Episode
+from evoharness.records import Episode
 
 _EFFECTS = {"clean": "clean", "heat": "hot", "cool": "cool"}
 
