@@ -78,7 +78,7 @@ def train_grpo(model_path: str, games: list[str], output_dir: str, cfg: GRPOStag
         learning_rate=cfg.learning_rate, beta=cfg.beta, temperature=max(cfg.temperature, 1e-3),
         max_completion_length=model.config.max_position_embeddings, logging_steps=1,
         save_steps=cfg.save_steps, seed=cfg.seed, use_cpu=not on_gpu, bf16=cfg.bf16 and on_gpu,
-        gradient_checkpointing=cfg.gradient_checkpointing,
+        activation_checkpointing=cfg.gradient_checkpointing,  # transformers 5 name (the old one warns)
         use_vllm=cfg.use_vllm, vllm_mode="colocate", vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
         # score decoding draws a command from the softmax over candidates, so the tokens' recorded log-probabilities
         # are not vLLM's sampling probabilities: TRL's vLLM importance-sampling correction would reweight wrongly

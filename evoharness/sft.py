@@ -193,7 +193,10 @@ def train_sft(model_path: str, train_file: str, output_dir: str, cfg: SFTStageCo
             lr_scheduler_type="cosine", warmup_steps=cfg.warmup_ratio, logging_steps=cfg.logging_steps,
             save_steps=save_steps, save_total_limit=2, seed=cfg.seed, use_cpu=not torch.cuda.is_available(),
             bf16=use_bf16, torch_compile=cfg.torch_compile,
-            gradient_checkpointing=cfg.gradient_checkpointing,
+            activation_checkpointing=cfg.gradient_checkpointing,  # transformers 5 name (the old one warns)
+            # every parameter takes part in each forward pass (full fine-tuning, or LoRA's adapters): DDP need not
+            # search the graph for unused ones, which costs a traversal a step and printed a notice per process
+            ddp_find_unused_parameters=False,
             report_to=["mlflow"] if report and os.environ.get("MLFLOW_RUN_ID") else "none",
             eval_strategy="epoch" if evaluate and valid is not None else "no",
             per_device_eval_batch_size=cfg.per_device_train_batch_size,
