@@ -21,11 +21,11 @@ ROOT = Path(__file__).resolve().parent.parent
 RELEASES = sorted(p.parent for p in (ROOT / "models").glob("*/release.json"))
 
 
-def test_the_retraining_profile_starts_from_a_release_folder():
+def test_the_default_profile_starts_from_a_committed_release():
     from evoharness.config import load_profile
 
-    path = ROOT / load_profile("retrain").model.path
-    assert path.parent == ROOT / "models" and load_profile("retrain").model.from_champion
+    path = ROOT / load_profile("default").model.path
+    assert path in RELEASES, f"profiles/default.yaml starts from {path}, which is not a committed release"
 
 
 @pytest.mark.parametrize("release", RELEASES, ids=[p.name for p in RELEASES])
