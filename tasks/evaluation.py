@@ -227,9 +227,9 @@ def release_parent_evaluation(start: dict, registered_name: str, cfg: EvalConfig
     ``limit``; ``evoharness.release.record_evaluation``), else None (the parent is then evaluated)."""
     if not start.get("release"):
         return None
-    played = read_release(start["release"])["evaluate"]
+    rel = read_release(start["release"])
     mine = {k: v for k, v in cfg.__dict__.items() if k not in ("split", "limit")}
-    if {k: played.get(k) for k in mine} != mine or cfg.split not in read_release(start["release"])["evaluations"]:
+    if {k: rel["evaluate"].get(k) for k in mine} != mine or cfg.split not in rel["evaluations"]:
         get_run_logger().info(f"{start['release']} recorded its evaluation with other settings: evaluating it again")
         return None
     version = start["model_uri"].rsplit("/", 1)[1]
