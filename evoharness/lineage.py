@@ -198,12 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("model_uri", help="models:/NAME/VERSION or models:/NAME@ALIAS")
     p.add_argument("--repo", default=".", help="the project checkout holding data.dvc and mlflow/ (default: .)")
     a = p.parse_args(argv)
-    import os
-
     from mlflow.exceptions import MlflowException
 
+    from evoharness.tracking import USER_TRACKING_URI
+
     store = Path(a.repo) / "mlflow" / "mlflow.db"
-    if not os.environ.get("MLFLOW_TRACKING_URI") and not store.exists():
+    if not USER_TRACKING_URI and not store.exists():
         print(f"no MLflow store at {store}: pass --repo with the checkout that ran the pipeline", file=sys.stderr)
         return 2
     configure(a.repo)

@@ -1,7 +1,7 @@
 """MLflow helpers: the embedded store, lineage tags, stage runs, model logging and registration.
 
 Default store: ``sqlite:///<repo>/mlflow/mlflow.db`` with artifacts under ``<repo>/mlflow/artifacts``, unless
-``MLFLOW_TRACKING_URI`` is set.
+``MLFLOW_TRACKING_URI`` was set when this module was first imported.
 """
 
 from __future__ import annotations
@@ -12,10 +12,16 @@ from pathlib import Path
 
 EXPERIMENT = "evoharness"
 PIP_REQUIREMENTS = ["torch==2.13.0", "transformers==5.24.0"]
+# Read once: ``mlflow.set_tracking_uri`` writes MLFLOW_TRACKING_URI into os.environ (so that subprocesses inherit
+# it), so a later read would return the previous repository's store instead of the user's choice.
+USER_TRACKING_URI = os.environ.get("MLFLOW_TRACKING_URI") or None
 
 
 def configure(repo: str | Path, experiment: str = EXPERIMENT) -> str:
-    """Point MLflow at the embedded store (unless ``MLFLOW_TRACKING_URI`` is set) and select ``experiment``.
+    """Point MLflow at the embedded store of ``repo`` and select ``experiment``.
+
+    A ``MLFLOW_TRACKING_URI`` set before this module was imported wins over the embedded store; one that MLflow
+    itself wrote while an earlier ``configure`` pointed at another repository does not.
 
     Returns the tracking URI.
     """
@@ -24,7 +30,7 @@ def configure(repo: str | Path, experiment: str = EXPERIMENT) -> str:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("DO_NOT_TRACK", "true")
     root = Path(repo).resolve() / "mlflow"
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root / 'mlflow.db'}"
+    uri = USER_TRACKING_URI or f"sqlite:///{root / 'mlflow.db'}"
     root.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(uri)
     if mlflow.get_experiment_by_name(experiment) is None:

@@ -103,6 +103,26 @@ def start_runs(procs, repo) -> tuple[subprocess.Popen, str, str]:
     return p, parent_id, child_id
 
 
+def test_each_repository_gets_its_own_store_in_one_process(tmp_path, monkeypatch):
+    """MLflow writes MLFLOW_TRACKING_URI into os.environ; the next repository must still get its own store."""
+    import mlflow
+
+    from evoharness import tracking
+
+    monkeypatch.setattr(tracking, "USER_TRACKING_URI", None)
+    before = mlflow.get_tracking_uri()
+    try:
+        first = tracking.configure(tmp_path / "a")
+        assert os.environ["MLFLOW_TRACKING_URI"] == first  # what MLflow does: the trap this guards against
+        second = tracking.configure(tmp_path / "b")
+        assert second == f"sqlite:///{(tmp_path / 'b' / 'mlflow' / 'mlflow.db').resolve()}"
+        assert mlflow.get_tracking_uri() == second
+        monkeypatch.setattr(tracking, "USER_TRACKING_URI", "sqlite:///" + str(tmp_path / "user.db"))
+        assert tracking.configure(tmp_path / "c") == "sqlite:///" + str(tmp_path / "user.db")  # the user's choice
+    finally:
+        mlflow.set_tracking_uri(before)
+
+
 def test_runs_of_a_killed_process_are_closed_as_killed_when_the_flow_starts_again(store, spawned, caplog):
     from mlflow import MlflowClient
 
