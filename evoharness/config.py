@@ -372,6 +372,10 @@ class GRPOStageConfig(TrainingRuntime):
         use_vllm / vllm_gpu_memory_utilization: generate rollout turns with TRL's vLLM engine in colocate mode
             (``evoharness.rollouts.vllm_generate_fn``; GPUs only, ``pip install vllm``); otherwise ``model.generate``
             on the training device. Candidate scoring (score decoding) runs on the training model either way.
+        batch_episodes: ``turn`` context without vLLM: rollout episodes each process plays at once, their
+            generation and scoring batched across them (``evoharness.batched_play``), each game in an environment
+            process of its own. Sampled tokens and their log-probabilities are recorded as at 1; the draws come
+            from one shared generator, so an episode's draws depend on the batch (at 1, on its seed alone).
         num_processes / accelerate_config: the parallel rollout workers. GRPO runs under ``accelerate launch`` with
             this many processes (DDP: ``accelerate/cpu_<n>proc.yaml`` on CPUs by default, ``accelerate/ddp_gpu.yaml``
             with one process per GPU); each process plays ``prompts_per_step / num_processes`` of a step's games
@@ -396,6 +400,7 @@ class GRPOStageConfig(TrainingRuntime):
     max_new_tokens: int = 48
     temperature: float = 0.7
     ground_track: bool = False
+    batch_episodes: int = 1
     learning_rate: float = 1e-4
     beta: float = 0.0
     bf16: bool = False
@@ -437,6 +442,12 @@ class EvalConfig:
     ``note``s is not recalled by the other, and ``random`` draws from one generator per process, so results can
     depend on ``workers`` (it is part of the settings an evaluation resumes with). 1: one process, the games in
     order.
+
+    ``batch_episodes``: language-model policies: episodes each process plays at once, their generation and
+    candidate scoring batched into one forward pass per turn across them (``evoharness.batched_play``), each
+    environment in a child process replaced every ``env_recycle_every`` episodes. Greedy outcomes equal one
+    episode at a time up to float reduction order and what each episode recalls from lessons the others noted.
+    1: one episode at a time, in this process.
     """
 
     split: str = "valid_seen"
@@ -450,19 +461,24 @@ class EvalConfig:
     workers: int = 1
     act_each_turn: bool = True
     ground_track: bool = False
+    batch_episodes: int = 1
+    env_recycle_every: int = 50
 
     # fields added after evaluations were recorded, with the value those evaluations had: a setting at this value is
     # left out of an evaluation's identity, so older folders still resume and older MLflow runs are still reused
-    IMPLICIT = {"workers": 1, "act_each_turn": False, "ground_track": False}
+    IMPLICIT = {"workers": 1, "act_each_turn": False, "ground_track": False, "batch_episodes": 1}
+    OPERATIONAL = ("env_recycle_every",)  # how the games are run, never what they give: not in the identity
 
     def identity(self) -> dict:
         """The settings that make two evaluations comparable (``dataclasses.asdict`` less ``IMPLICIT`` values)."""
         return {k: v for k, v in dataclasses.asdict(self).items()
-                if not (k in self.IMPLICIT and v == self.IMPLICIT[k])}
+                if not (k in self.IMPLICIT and v == self.IMPLICIT[k]) and k not in self.OPERATIONAL}
 
     def __post_init__(self):
         if self.workers < 1:
             raise ValueError(f"evaluate.workers is {self.workers}; use 1 or more processes")
+        if self.batch_episodes < 1:
+            raise ValueError(f"evaluate.batch_episodes is {self.batch_episodes}; use 1 or more episodes at once")
         if self.decoding not in ("remap", "score"):
             raise ValueError(f"evaluate.decoding is {self.decoding!r}; use 'remap' or 'score'")
 

@@ -55,6 +55,9 @@ class LMPolicy:
             (``evoharness.rollouts.vllm_generate_fn``). It need not stop at ``<|im_end|>`` or at the command opening
             that score decoding stops at: the turn is cut here, as ``model.generate``'s stop strings would cut it.
             Candidate scoring still runs on ``model``.
+        engine: an ``evoharness.batching.BatchEngine`` shared with the other episodes of this process: generation
+            and candidate scoring become its requests, answered in batches across episodes (``generate_fn`` still
+            wins for generation). None: this policy's own batch-1 calls on ``model``.
 
         ground_track: ``score`` decoding: a ``track`` call's ``entity`` is scored (as an act's command is) over the
             object and receptacle names ("cd 3") in ``state["observation"]``, the latest observation, and the
@@ -70,7 +73,7 @@ class LMPolicy:
     def __init__(self, model, tokenizer, max_new_tokens: int = 48, temperature: float = 0.0,
                  max_context: int | None = None, context: str = "history", decoding: str = "remap",
                  tools: list[dict] | None = None, chunk: int = 16, generate_fn=None, act_each_turn: bool = False,
-                 ground_track: bool = False):
+                 ground_track: bool = False, engine=None):
         if decoding == "score" and context != "turn":
             raise ValueError("decoding 'score' needs the turn context (traces.context: turn)")
         self.model, self.tok = model, tokenizer
@@ -81,6 +84,7 @@ class LMPolicy:
         self.close_id = tokenizer.convert_tokens_to_ids("</tool_call>")
         self.context, self.decoding, self.tools, self.chunk = context, decoding, tools, chunk
         self.generate_fn = generate_fn
+        self.engine = engine
         self.act_each_turn = act_each_turn
         self.ground_track = ground_track
         self.grounded = 0  # ground_track: track arguments scored over the observation's names
@@ -144,6 +148,8 @@ class LMPolicy:
                            len(gen))
                 gen, scores = gen[:cut], scores[:cut]
             return self._cut_at_end(gen, scores)
+        if self.engine is not None:
+            return self._cut_at_end(*self.engine.generate(ids, stop_strings, budget, self.temperature))
         inputs = torch.tensor([ids], device=self.model.device)
         sample = self.temperature > 0
         out = self.model.generate(
@@ -296,6 +302,8 @@ class LMPolicy:
         context was re-encoded with every chunk)."""
         import copy
 
+        if self.engine is not None:
+            return self.engine.score(context, cands)
         device = self.model.device
         out = self.model(input_ids=torch.tensor([context], device=device), use_cache=True, logits_to_keep=1)
         first = torch.log_softmax(out.logits[0, -1].float(), dim=-1)  # predicts every candidate's first token

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -135,10 +136,10 @@ def play_games(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig,
 
     ``indices``: each game's position in the whole evaluation (default 0, 1, ...), which seeds its episode
     (``cfg.seed`` + index) and names its workspace, as in one process (what a policy recalls, and ``random``'s
-    draws, still depend on the episodes played before it in the same process). Returns the ``EpisodeResult`` of
-    each game in ``games`` order and ``{"resumed_episodes", "decoding", "forced_acts", "context", "wall_s"}``."""
-    from evoharness.agent import run_episode
-
+    draws, still depend on the episodes played before it in the same process). ``cfg.batch_episodes`` > 1 (a
+    language-model policy): that many episodes play at once, their model calls batched
+    (``evoharness.batched_play``). Returns the ``EpisodeResult`` of each game in ``games`` order and
+    ``{"resumed_episodes", "decoding", "forced_acts", "context", "wall_s"}``."""
     indices = list(range(len(games))) if indices is None else indices
     out.mkdir(parents=True, exist_ok=True)
     ident = evaluation_identity(policy, cfg, cost, workspace_cfg, identity)
@@ -158,36 +159,69 @@ def play_games(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig,
     pol = make_policy(policy, cfg, out / "model_cache", workspace_cfg)
     write_atomic(out / "evaluation.json", json.dumps(ident))  # once the policy has loaded
     wcfg = getattr(pol, "layout", None) or workspace_cfg or TraceConfig()
-    results, t0, played = [], time.time(), 0
+    results, t0 = [], time.time()
+    batched = cfg.batch_episodes > 1 and hasattr(pol, "engine")
+    todo = [(n, i, g) for n, (i, g) in enumerate(zip(indices, games)) if g not in keep]
+    lock, counts = threading.Lock(), {"played": 0, "won": sum(r.won for r in keep.values())}
     with (out / "transcripts.jsonl").open("a") as fh:
-        for n, (i, game) in enumerate(zip(indices, games)):
-            if game in keep:
-                results.append(keep[game])
-                continue
-            try:
-                env = ALFWorldEnv(game, max_steps=cfg.max_env_steps + 1, expert=policy == "expert",
-                                  data_dir=data_dir)
-            except Exception as exc:
-                from evoharness.agent import EpisodeResult
+        def finished(n: int, res) -> None:  # one episode ended: append it, report progress
+            with lock:
+                fh.write(json.dumps(res.__dict__) + "\n")
+                fh.flush()
+                counts["played"] += 1
+                counts["won"] += res.won
+                rate = counts["played"] / (time.time() - t0) * 60
+                if progress:
+                    left = len(todo) - counts["played"]
+                    progress(f"[{label}] {len(keep) + counts['played']}/{len(games)} won={counts['won']} "
+                             f"{rate:.1f} episodes/min, ETA {left / max(rate, 1e-9):.1f} min")
 
-                res = EpisodeResult(game, "", False, 0, {m: 0 for m in META_ACTIONS}, 0, 0.0, 0.0,
-                                    error=f"could not load game: {exc!r}", grounded_names=0)
-            else:
-                ws = Workspace.from_config(store, f"eval-{i}", wcfg)
-                res = run_episode(env, pol, ws, cost, cfg.max_env_steps, cfg.max_meta_actions, seed=cfg.seed + i,
-                                  env_timeout_s=cfg.episode_timeout_s, view=turn_view(wcfg))
-                env.close()
-            results.append(res)
-            fh.write(json.dumps(res.__dict__) + "\n")
-            fh.flush()
-            played += 1
-            rate = played / (time.time() - t0) * 60
-            if progress:
-                left = len(games) - len(keep) - played
-                progress(f"[{label}] {n + 1}/{len(games)} won={sum(r.won for r in results)} "
-                         f"{rate:.1f} episodes/min, ETA {left / max(rate, 1e-9):.1f} min")
+        if batched:
+            from evoharness.batched_play import lane_policy, run_lanes
+
+            lanes: list[dict] = []
+
+            def play_lane(job, lane):  # runs in the lane's thread, where its store connection must be opened
+                if not lane.state:
+                    lane.state.update(policy=lane_policy(pol, lane.engine),
+                                      store=ExperienceStore(out / "experience.db"))
+                    lanes.append(lane.state)
+                return _play_one(lane.state["policy"], job[1], job[2], cfg, cost, lane.state["store"], wcfg, data_dir,
+                                 policy, lane.make_env)
+
+            rows = run_lanes(pol.model, pol.tok, todo, cfg.batch_episodes, cfg.env_recycle_every, play_lane,
+                             lambda job, res: finished(job[0], res))
+            played = {job[2]: res for job, res in zip(todo, rows)}
+            forced = sum(st["policy"].forced for st in lanes)
+        else:
+            played, forced = {}, None
+            for n, i, game in todo:
+                played[game] = _play_one(pol, i, game, cfg, cost, store, wcfg, data_dir, policy)
+                finished(n, played[game])
+        results = [keep[g] if g in keep else played[g] for g in games]
     # one row per game, in game order (rows of games not in ``games`` are kept after them)
     extra = [r for g, r in done.items() if g not in wanted]
     write_atomic(out / "transcripts.jsonl", "".join(json.dumps(r.__dict__) + "\n" for r in results + extra))
     return results, {"resumed_episodes": len(keep), "decoding": getattr(pol, "decoding", None),
-                     "forced_acts": getattr(pol, "forced", 0), "context": wcfg.context, "wall_s": time.time() - t0}
+                     "forced_acts": getattr(pol, "forced", 0) if forced is None else forced,
+                     "context": wcfg.context, "wall_s": time.time() - t0}
+
+
+def _play_one(pol, i: int, game: str, cfg: EvalConfig, cost: CostConfig, store, wcfg: TraceConfig,
+              data_dir: str | None, policy: str, make_env=None):
+    """One episode of ``game`` (position ``i`` of the evaluation: its seed and workspace name) by ``pol``; a game
+    that cannot be loaded gives an unwon ``EpisodeResult`` with ``error`` set. ``make_env(game, max_steps, expert,
+    data_dir)`` builds the environment (default ``ALFWorldEnv``, in this process)."""
+    from evoharness.agent import EpisodeResult, run_episode
+
+    try:
+        env = (make_env or ALFWorldEnv)(game, cfg.max_env_steps + 1, policy == "expert", data_dir)
+    except Exception as exc:
+        return EpisodeResult(game, "", False, 0, {m: 0 for m in META_ACTIONS}, 0, 0.0, 0.0,
+                             error=f"could not load game: {exc!r}", grounded_names=0)
+    ws = Workspace.from_config(store, f"eval-{i}", wcfg)
+    try:
+        return run_episode(env, pol, ws, cost, cfg.max_env_steps, cfg.max_meta_actions, seed=cfg.seed + i,
+                           env_timeout_s=cfg.episode_timeout_s, view=turn_view(wcfg))
+    finally:
+        env.close()

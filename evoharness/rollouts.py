@@ -153,12 +153,15 @@ class TurnRollouts(_Rollouts):
     context = "turn"
 
     def play(self, model, tokenizer, game: str, episode_id: str, seed: int, generate_fn=None,
-             update: int | None = None):
+             update: int | None = None, lane=None):
         """One sampled episode of ``game``; returns (EpisodeResult, the policy's recorded turns). ``seed`` seeds the
         game and torch's sampler: with ``model.generate`` an episode's draws do not depend on which process plays it
         (what it reads from the shared Experience store still can). ``generate_fn``: ``LMPolicy``'s generation
         backend (None: ``model.generate``; vLLM keeps its own per-process sampler state). ``update``: the GRPO step
-        the reward's diversity weight is taken at (``cost.mode: budget``)."""
+        the reward's diversity weight is taken at (``cost.mode: budget``). ``lane``: an
+        ``evoharness.batched_play.Lane``: the game runs in the lane's environment process, the model calls go through
+        its batch engine, and the lane's own Experience store connection is used (torch's sampler is then shared by
+        the batch and not seeded here)."""
         import torch
 
         from evoharness.agent import run_episode
@@ -168,13 +171,19 @@ class TurnRollouts(_Rollouts):
 
         wcfg = self.workspace_cfg
         env_steps, meta_actions, shared = self.budgets()
-        env = ALFWorldEnv(game, max_steps=env_steps + 1, expert=False, data_dir=self.data_dir)
+        env = (lane.make_env if lane else ALFWorldEnv)(game, env_steps + 1, False, self.data_dir)
         policy = LMPolicy(model, tokenizer, self.cfg.max_new_tokens, self.cfg.temperature, context="turn",
                           decoding="score", tools=TOOLS if wcfg.tools_in_prompt else None, generate_fn=generate_fn,
                           act_each_turn=wcfg.parallel_calls,  # as evaluation plays it (EvalConfig.act_each_turn)
-                          ground_track=self.cfg.ground_track)
-        ws = Workspace.from_config(self.experience, episode_id, wcfg)
-        torch.manual_seed(seed)
+                          ground_track=self.cfg.ground_track, engine=lane.engine if lane else None)
+        store = self.experience
+        if lane is not None:  # sqlite connections belong to the thread that opened them
+            if "store" not in lane.state:
+                lane.state["store"] = ExperienceStore(self.experience.path)
+            store = lane.state["store"]
+        ws = Workspace.from_config(store, episode_id, wcfg)
+        if lane is None:
+            torch.manual_seed(seed)
         try:
             res = run_episode(env, policy, ws, self.cost, env_steps, meta_actions, seed, view=turn_view(wcfg),
                               interaction_budget=shared, update=update)
@@ -199,19 +208,31 @@ class TurnRollouts(_Rollouts):
         was_training = model.training
         model.eval()  # no dropout, and the KV cache that score decoding reuses (off under gradient checkpointing)
         try:
+            jobs = [(g, start, e) for g, start in enumerate(range(0, len(prompts), group), start=first_group)
+                    for e in range(self.cfg.num_generations)]
+
+            def play(job, lane=None):
+                g, start, e = job
+                game = self.by_obs[prompts[start][-1]["content"]]  # g: the group's index in the whole step
+                seed = self.episode_seed(g * self.cfg.num_generations + e)
+                return self.play(model, tokenizer, game, f"grpo-{self.calls}-{g}-{e}", seed, generate_fn,
+                                 update=trainer.state.global_step, lane=lane)
+
             with torch.no_grad():
-                for g, start in enumerate(range(0, len(prompts), group), start=first_group):
-                    game = self.by_obs[prompts[start][-1]["content"]]  # g: the group's index in the whole step
-                    for e in range(self.cfg.num_generations):
-                        seed = self.episode_seed(g * self.cfg.num_generations + e)
-                        res, turns = self.play(model, tokenizer, game, f"grpo-{self.calls}-{g}-{e}", seed,
-                                               generate_fn, update=trainer.state.global_step)
-                        results.append(res)
-                        for t in sample_turns(turns, per_episode, seed) or [None] * per_episode:
-                            t = t or empty_turn(tokenizer, prompts[start])
-                            for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask"):
-                                out[k].append(t[k])
-                            out["episode_reward"].append(res.reward)
+                if self.cfg.batch_episodes > 1 and generate_fn is None:
+                    from evoharness.batched_play import run_lanes
+
+                    played = run_lanes(model, tokenizer, jobs, self.cfg.batch_episodes, 50, play)
+                else:
+                    played = [play(job) for job in jobs]
+            for (g, start, e), (res, turns) in zip(jobs, played):
+                results.append(res)
+                seed = self.episode_seed(g * self.cfg.num_generations + e)
+                for t in sample_turns(turns, per_episode, seed) or [None] * per_episode:
+                    t = t or empty_turn(tokenizer, prompts[start])
+                    for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask"):
+                        out[k].append(t[k])
+                    out["episode_reward"].append(res.reward)
         finally:
             model.train(was_training)
         log_step(results, t0, trainer, self.history_path)

@@ -106,7 +106,8 @@ def recorded_evaluation(model_uri: str, cfg: EvalConfig) -> dict | None:
         return None
     params = MlflowClient().get_run(run_id).data.params
     implicit = {k: str(v) for k, v in cfg.IMPLICIT.items()}  # not logged by runs older than the field
-    if any(params.get(f"evaluate.{k}", implicit.get(k)) != str(v) for k, v in cfg.__dict__.items()):
+    if any(params.get(f"evaluate.{k}", implicit.get(k)) != str(v) for k, v in cfg.__dict__.items()
+           if k not in cfg.OPERATIONAL):
         return None
     summary = mlflow.artifacts.load_dict(f"runs:/{run_id}/summary.json")
     get_run_logger().info(f"{model_uri}: reusing its evaluation run {run_id} on {cfg.split} ({len(games)} games)")
