@@ -59,6 +59,7 @@ class BatchEngine:
         self._pending: list[_Request] = []
         self._live = 0
         self._stops: dict[tuple[str, ...], object] = {}
+        self._failed: BaseException | None = None
         self.stats: Counter = Counter()
 
     # -- the episode threads' side ---------------------------------------------------------------------------------
@@ -89,6 +90,8 @@ class BatchEngine:
     def _submit(self, kind: str, args: tuple):
         req = _Request(kind, args)
         with self._cv:
+            if self._failed is not None:
+                raise RuntimeError("the batch engine stopped serving") from self._failed
             self._pending.append(req)
             self._cv.notify_all()
         req.done.wait()
@@ -99,7 +102,20 @@ class BatchEngine:
     # -- the serving thread's side ---------------------------------------------------------------------------------
 
     def serve(self) -> None:
-        """Answer requests in batches until every announced episode thread has closed."""
+        """Answer requests in batches until every announced episode thread has closed. Should serving itself fail,
+        every waiting and later request raises (so no episode thread waits forever) and the error is re-raised."""
+        try:
+            self._serve()
+        except BaseException as exc:
+            with self._cv:
+                self._failed = exc
+                waiting, self._pending = self._pending, []
+            for req in waiting:
+                req.error = RuntimeError("the batch engine stopped serving")
+                req.done.set()
+            raise
+
+    def _serve(self) -> None:
         while True:
             with self._cv:
                 first = None

@@ -57,7 +57,7 @@ def render_card(release: dict, summary: dict) -> str:
         "## Model details",
         "",
         f"- Architecture: Qwen3 (`Qwen3ForCausalLM`), {tr['parameters']:,} parameters, trained from "
-        f"{'scratch' if lin.get('base_model') in (None, '', 'embedded-default') else lin['base_model']}; byte-level "
+        f"{_base(lin, release.get('parent'))}; byte-level "
         "BPE tokenizer trained on the project's own traces; Qwen3 chat template with tool calls.",
         f"- Context layout: `{tr.get('layout', {}).get('context', 'turn')}` "
         f"(recorded in `config.json` as `evoharness_layout`; evaluation prompts the model the same way).",
@@ -91,9 +91,7 @@ def render_card(release: dict, summary: dict) -> str:
         f"| trace examples | {release['traces'].get('train_rows', 0):,} train, {release['traces'].get('valid_rows', 0):,} "
         f"validation, from {release['traces'].get('kept', 0):,} won of {release['traces'].get('episodes', 0):,} episodes |",
         f"| parameters | {tr['parameters']:,} |",
-        f"| training steps | {tr['steps']:,} |",
-        f"| training tokens | {tr['tokens']:,} |",
-        f"| training wall time | {tr['train_seconds']:,.0f} s |",
+        *_parent_rows(release.get("parent"), tr),
         f"| precision | {tr.get('precision', '')} |",
         f"| machine | {tr.get('machine', '')} |",
         "",
@@ -147,3 +145,24 @@ def card_figures(card: str) -> dict:
     if not rows:
         raise ValueError("no evaluation table (| task type | games | won | success (%) |) in the card")
     return {"rows": rows, "per_episode": per_episode}
+
+
+def _base(lin: dict, parent: dict | None) -> str:
+    """What the card says the model was trained from."""
+    if parent:
+        return (f"the release `{parent['name']}` as of commit `{(parent['git_commit'] or '?')[:7]}` (profile "
+                f"`{parent['profile']}`), trained further")
+    return "scratch" if lin.get("base_model") in (None, "", "embedded-default") else f"`{lin['base_model']}`"
+
+
+def _parent_rows(parent: dict | None, tr: dict) -> list[str]:
+    """The training rows of the card's lineage table: this run's, and with a parent release, the totals."""
+    if not parent:
+        return [f"| training steps | {tr['steps']:,} |", f"| training tokens | {tr['tokens']:,} |",
+                f"| training wall time | {tr['train_seconds']:,.0f} s |"]
+    rates = ", ".join(f"{_pct(v)} % of `{k}`" for k, v in parent["success_rate"].items())
+    return [f"| parent release | `{parent['name']}` at `{parent['git_commit']}`: `{parent['command']}` ({rates}) |",
+            f"| training steps | {tr['steps']:,} here, {tr['steps'] + parent['steps']:,} in all |",
+            f"| training tokens | {tr['tokens']:,} here, {tr['tokens'] + parent['tokens']:,} in all |",
+            f"| training wall time | {tr['train_seconds']:,.0f} s here, "
+            f"{tr['train_seconds'] + parent['train_seconds']:,.0f} s in all |"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 from evoharness.config import CostConfig, EvalConfig
@@ -132,6 +133,7 @@ def export_release(out: str | Path, model_dir: str | Path, experience: str | Pat
     from evoharness.model_card import render_card
 
     out, model_dir = Path(out), Path(model_dir)
+    parent = parent_of(summary.get("lineage", {}).get("base_model"))  # read before ``out`` may replace it
     episodes = [json.loads(line) for line in Path(transcripts).read_text().splitlines() if line.strip()]
     for row in episodes:
         row["transcript"] = []  # the turn-by-turn text is for debugging, not for the figures
@@ -161,6 +163,7 @@ def export_release(out: str | Path, model_dir: str | Path, experience: str | Pat
                                                 "data_path", "trace_hash", "base_model", "trained_until")},
         "traces": summary.get("traces", {}),
         "training": training,
+        "parent": parent,
         "evaluate": dataclasses.asdict(cfg.evaluate),
         "cost": dataclasses.asdict(cfg.cost),
         "evaluations": {split: f"evaluation/{split}.json"},
@@ -175,6 +178,26 @@ def export_release(out: str | Path, model_dir: str | Path, experience: str | Pat
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out
+
+
+def parent_of(base_model: str | None) -> dict | None:
+    """What a release trained further from the release folder ``base_model`` records of it: its name, the git commit
+    that last wrote its ``release.json`` here (the parent's weights are in that commit), its command and profile,
+    its training (steps, tokens, wall seconds, its own parent's totals included) and recorded success rates. None
+    when ``base_model`` is not a release folder (scratch, a hub model, a registered version)."""
+    if not base_model or not is_release(base_model):
+        return None
+    rel = read_release(base_model)
+    commit = subprocess.run(["git", "log", "-1", "--format=%H", "--", str(Path(base_model) / RELEASE_JSON)],
+                            capture_output=True, text=True, cwd=Path(base_model).parent).stdout.strip() or None
+    tr, up = rel.get("training", {}), rel.get("parent") or {}
+    success = {}
+    for split, file in rel.get("evaluations", {}).items():
+        success[split] = json.loads((Path(base_model) / file).read_text())["success_rate"]
+    return {"name": rel.get("name"), "git_commit": commit, "command": rel.get("command"),
+            "profile": rel.get("lineage", {}).get("profile"),
+            "steps": tr.get("steps", 0) + up.get("steps", 0), "tokens": tr.get("tokens", 0) + up.get("tokens", 0),
+            "train_seconds": tr.get("train_seconds", 0) + up.get("train_seconds", 0), "success_rate": success}
 
 
 # --- the local MLflow registry -------------------------------------------------------------------------------------

@@ -50,6 +50,9 @@ def test_card_states_the_evaluation_summary(release):
     for key in ("git_commit", "profile", "config_digest", "dvc_md5", "trace_hash"):
         assert str(rel["lineage"][key]) in card, f"the card does not state {key}"
     assert f"{rel['training']['steps']:,}" in card and f"{rel['training']['tokens']:,}" in card
+    if rel.get("parent"):  # trained further from an earlier release: which one, and the totals
+        assert rel["parent"]["git_commit"] in card
+        assert f"{rel['training']['steps'] + rel['parent']['steps']:,} in all" in card
 
 
 @pytest.mark.parametrize("release", RELEASES, ids=[p.name for p in RELEASES])
