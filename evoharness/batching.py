@@ -60,6 +60,7 @@ class BatchEngine:
         self._live = 0
         self._stops: dict[tuple[str, ...], object] = {}
         self._failed: BaseException | None = None
+        self._prefixes: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.stats: Counter = Counter()
 
     # -- the episode threads' side ---------------------------------------------------------------------------------
@@ -190,13 +191,93 @@ class BatchEngine:
         logps = self.model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
         new = out.sequences[:, ids.shape[1]:]
         length = [n if n is not None else min(r.args[2], new.shape[1]) for n, r in zip(rows.length, reqs)]
+        self._keep_prefixes(reqs, out.cache, new, length, ids.shape[1])
         self.stats["generate_batches"] += 1
         self.stats["generate_requests"] += len(reqs)
         self.stats["generated_tokens"] += sum(length)
         self.stats["generate_steps"] += new.shape[1]
         return [(new[i, :length[i]].tolist(), logps[i, :length[i]].tolist()) for i in range(len(reqs))]
 
+    def _keep_prefixes(self, reqs: list[_Request], cache, new: torch.Tensor, length: list[int],
+                       prompt_len: int) -> None:
+        """Keep each row's KV cache of its prompt and generated tokens but the last (what ``generate`` fed through the
+        model), unpadded, keyed by the whole sequence: the score request that usually follows (an act's command after
+        a generated turn, a grounded name) then feeds only the last token and the candidates."""
+        for i, r in enumerate(reqs):
+            if length[i] < 1:
+                continue
+            pad = prompt_len - len(r.args[0])
+            end = prompt_len + length[i] - 1
+            layers = [(layer.keys[i:i + 1, :, pad:end].clone(), layer.values[i:i + 1, :, pad:end].clone())
+                      for layer in cache.layers]
+            self._prefixes[tuple(r.args[0]) + tuple(new[i, :length[i]].tolist())] = layers
+        while len(self._prefixes) > 2 * self.max_batch:  # oldest first: a prefix not scored soon never will be
+            self._prefixes.pop(next(iter(self._prefixes)))
+
     def _score(self, reqs: list[_Request]) -> list[list[list[float]]]:
+        """Score requests: those whose context a generation just produced continue from its kept KV cache, the
+        others are prefilled; each request's per-candidate per-token log-probabilities, in order."""
+        kept = [self._prefixes.pop(tuple(r.args[0]), None) for r in reqs]
+        hits = [i for i, k in enumerate(kept) if k is not None]
+        misses = [i for i, k in enumerate(kept) if k is None]
+        results: list = [None] * len(reqs)
+        if misses:
+            for i, res in zip(misses, self._score_prefilled([reqs[i] for i in misses])):
+                results[i] = res
+        for i in hits:  # one context at a time: padding contexts to the longest would copy more cache than it saves
+            results[i] = self._score_cached([reqs[i]], [kept[i]])[0]
+        self.stats["score_batches"] += 1
+        self.stats["score_requests"] += len(reqs)
+        self.stats["score_prefix_hits"] += len(hits)
+        return results
+
+    def _score_cached(self, reqs: list[_Request], kept: list[list[tuple]]) -> list[list[list[float]]]:
+        """Score against kept caches: each row feeds its context's last token, then the candidate; position j of the
+        row predicts candidate token j."""
+        from transformers import DynamicCache
+
+        device = self.model.device
+        lengths = [len(r.args[0]) - 1 for r in reqs]  # cached tokens of each context
+        longest = max(lengths)
+        ctx_mask = torch.zeros((len(reqs), longest), dtype=torch.long)
+        layers = []
+        for layer in range(len(kept[0])):
+            ks, vs = [], []
+            for i, rows in enumerate(kept):
+                k, v = rows[layer]
+                gap = longest - lengths[i]  # left padding: zeros that the mask hides
+                ks.append(torch.nn.functional.pad(k, (0, 0, gap, 0)))
+                vs.append(torch.nn.functional.pad(v, (0, 0, gap, 0)))
+            layers.append((torch.cat(ks).to(device), torch.cat(vs).to(device)))
+        for i, n in enumerate(lengths):
+            ctx_mask[i, longest - n:] = 1
+        rows = [(i, c) for i, r in enumerate(reqs) for c in r.args[1]]
+        per_row: list[list[float]] = []
+        for start in range(0, len(rows), self.chunk_rows):
+            part = rows[start:start + self.chunk_rows]
+            width = 1 + max(len(c) for _, c in part)
+            owner = torch.tensor([i for i, _ in part], dtype=torch.long)
+            batch = torch.full((len(part), width), self.pad_id, dtype=torch.long)
+            mask = torch.zeros((len(part), width), dtype=torch.long)
+            for j, (i, c) in enumerate(part):
+                batch[j, :1 + len(c)] = torch.tensor([reqs[i].args[0][-1], *c], dtype=torch.long)
+                mask[j, :1 + len(c)] = 1
+            pos = torch.tensor([lengths[i] for i, _ in part])[:, None] + torch.arange(width)[None, :]
+            cache = DynamicCache(ddp_cache_data=[(k[owner.to(device)], v[owner.to(device)]) for k, v in layers])
+            full_mask = torch.cat([ctx_mask[owner], mask], dim=1)
+            logits = self.model(input_ids=batch.to(device), attention_mask=full_mask.to(device),
+                                position_ids=pos.to(device), cache=cache, use_cache=True).logits
+            logp = torch.log_softmax(logits.float(), dim=-1)
+            for j, (_, c) in enumerate(part):
+                per_row.append(logp[j, torch.arange(len(c)), torch.tensor(c)].tolist())
+            self.stats["score_rows"] += len(part)
+        out, k = [], 0
+        for r in reqs:
+            out.append(per_row[k:k + len(r.args[1])])
+            k += len(r.args[1])
+        return out
+
+    def _score_prefilled(self, reqs: list[_Request]) -> list[list[list[float]]]:
         device = self.model.device
         contexts = [r.args[0] for r in reqs]
         ids, mask = self._left_padded(contexts)
@@ -227,8 +308,6 @@ class BatchEngine:
                 tail = logp[j, torch.arange(len(c) - 1), torch.tensor(c[1:])].tolist() if len(c) > 1 else []
                 per_row.append([first[i, c[0]].item()] + tail)
             self.stats["score_rows"] += len(part)
-        self.stats["score_batches"] += 1
-        self.stats["score_requests"] += len(reqs)
         results, k = [], 0
         for r in reqs:
             results.append(per_row[k:k + len(r.args[1])])

@@ -79,6 +79,27 @@ def test_one_batch_generates_and_scores_what_each_prompt_alone_gives(release_mod
     assert any(len(b[0][0]) < budgets[i] for i, b in enumerate(batched))  # some rows stopped on their own
 
 
+def test_scoring_after_a_generated_turn_continues_from_its_kept_cache(release_model):
+    """An act's command is scored right after the turn that opened it: the engine feeds only the turn's last token
+    and the candidates on top of the KV cache the generation left, and gives what a fresh prefill gives."""
+    model, tok = release_model
+    prompts = _prompts(tok, 4)
+    alone = LMPolicy(model, tok, 40, context="turn", decoding="score")
+    cands = [tok(c + '"}}\n</tool_call>', add_special_tokens=False)["input_ids"]
+             for c in ("go to cabinet 1", "go to drawer 2", "look", "inventory", "open drawer 12")]
+    engine = BatchEngine(model, tok)
+
+    def turn(i):
+        gen, _ = engine.generate(prompts[i], [COMMAND_OPEN], 40, 0.0)
+        return gen, engine.score(prompts[i] + gen, cands)
+
+    batched = _serve(engine, [lambda i=i: turn(i) for i in range(4)])
+    assert engine.stats["score_prefix_hits"] == 4 and not engine._prefixes  # every score used its turn's cache
+    for i, (gen, scores) in enumerate(batched):
+        for ref, got in zip(alone.score_continuations(prompts[i] + gen, cands), scores):
+            assert len(ref) == len(got) and max(abs(a - b) for a, b in zip(ref, got)) < 1e-4
+
+
 def test_a_failing_batch_raises_in_every_waiting_episode(release_model):
     model, tok = release_model
     engine = BatchEngine(model, tok)
