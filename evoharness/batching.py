@@ -10,8 +10,8 @@ all pending requests and answers them in batches:
   together with its KV cache), grouped by temperature; each row stops where batch-1 generation would have
   (``<|im_end|>``, its own stop strings by transformers' ``StopStringCriteria``, or its own token budget), and
   returns its tokens with their log-probabilities;
-* scoring: the contexts prefilled in one left-padded pass, then every (context, candidate) row scored against a
-  copy of its context's KV cache, ``chunk_rows`` rows per forward pass.
+* scoring: one context at a time, continuing from the KV cache its generation left when a generated turn is
+  being scored (else a prefill), with all its candidates in one row under a tree-shaped attention mask.
 
 Greedy choices equal batch-1 ones up to float reduction order (a padded batch sums in another order); where two
 candidates tie to within that, the choice can differ (counted by ``scripts/bench_inference.py``).
@@ -19,7 +19,6 @@ candidates tie to within that, the choice can differ (counted by ``scripts/bench
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from collections import Counter
@@ -43,16 +42,17 @@ class BatchEngine:
 
     Args:
         model, tokenizer: from ``evoharness.model.load_policy``; the tokenizer's pad token pads the batches.
-        max_batch: generation requests per ``model.generate`` call.
+        max_batch: requests taken per pass, and twice the number of KV prefixes kept.
+        batch_generation: generate several requests in one left-padded ``model.generate`` call (off: one call per
+            request, continuing from its longest kept KV prefix; see ``_generate``).
         max_wait_s: how long the first pending request waits for the other live episodes before its batch runs.
-        chunk_rows: (context, candidate) rows per scoring forward pass.
 
     ``stats`` counts batches, requests and rows, for the benchmark.
     """
 
-    def __init__(self, model, tokenizer, max_batch: int = 16, max_wait_s: float = 1.0, chunk_rows: int = 64):
+    def __init__(self, model, tokenizer, max_batch: int = 16, max_wait_s: float = 1.0, batch_generation: bool = False):
         self.model, self.tok = model, tokenizer
-        self.max_batch, self.max_wait_s, self.chunk_rows = max_batch, max_wait_s, chunk_rows
+        self.max_batch, self.max_wait_s, self.batch_generation = max_batch, max_wait_s, batch_generation
         self.end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.end_id
         self._cv = threading.Condition()
@@ -176,18 +176,76 @@ class BatchEngine:
         return self._stops[stops]
 
     def _generate(self, reqs: list[_Request], temperature: float) -> list[tuple]:
+        """Generation requests: in one left-padded ``generate`` call when ``batch_generation`` is on, else one call
+        per request continuing from the longest kept KV prefix (the default: on CPUs the prompt's prefill is most
+        of a turn, and padding a batch to its longest prompt costs more than batching saves)."""
+        if self.batch_generation and len(reqs) > 1:
+            return self._generate_padded(reqs, temperature)
+        return [self._generate_one(r, temperature) for r in reqs]
+
+    def _sampling(self, temperature: float) -> dict:
+        sample = temperature > 0
+        return {"do_sample": sample, "temperature": temperature if sample else None, "top_k": 0 if sample else None,
+                "top_p": 1.0 if sample else None, "eos_token_id": self.end_id, "pad_token_id": self.pad_id,
+                "output_scores": True, "return_dict_in_generate": True}
+
+    def _generate_one(self, req: _Request, temperature: float) -> tuple:
+        from transformers import StoppingCriteriaList
+
+        ids, stops, budget = req.args[0], req.args[1], req.args[2]
+        device = self.model.device
+        cache, reused = self._prefix_cache(ids)
+        rows = _RowStops({stops: self._stop_criteria(stops)} if stops else {}, [stops], [budget], len(ids),
+                         self.end_id)
+        inputs = torch.tensor([ids], device=device)
+        out = self.model.generate(input_ids=inputs, attention_mask=torch.ones_like(inputs), cache=cache,
+                                  max_new_tokens=budget, stopping_criteria=StoppingCriteriaList([rows]),
+                                  **self._sampling(temperature))
+        logps = self.model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
+        new = out.sequences[:, len(ids):]
+        length = [rows.length[0] if rows.length[0] is not None else min(budget, new.shape[1])]
+        self._keep_prefixes([req], out.cache, new, length, len(ids))
+        self.stats["generate_batches"] += 1
+        self.stats["generate_requests"] += 1
+        self.stats["generated_tokens"] += length[0]
+        self.stats["generate_steps"] += new.shape[1]
+        self.stats["prefix_tokens_reused"] += reused
+        self.stats["prompt_tokens"] += len(ids)
+        return new[0, :length[0]].tolist(), logps[0, :length[0]].tolist()
+
+    def _prefix_cache(self, tokens: list[int]):
+        """A ``DynamicCache`` of the longest prefix of ``tokens`` (all but its last token at most) that a kept
+        sequence shares, and its length; (None, 0) when none shares a token. The kept tensors are not changed: a
+        forward pass appends by concatenation into new ones."""
+        from transformers import DynamicCache
+
+        best, best_len = None, 0
+        if len(tokens) > 1:
+            want = torch.tensor(tokens[:-1])
+            for key, layers in self._prefixes.items():
+                m = min(len(key) - 1, len(want))  # a kept entry caches its sequence but the last token
+                if m <= best_len:
+                    continue
+                diff = (torch.tensor(key[:m]) != want[:m]).nonzero()
+                n = int(diff[0]) if len(diff) else m
+                if n > best_len:
+                    best, best_len = layers, n
+        if best is None:
+            return None, 0
+        device = self.model.device
+        return DynamicCache(ddp_cache_data=[(k[:, :, :best_len].to(device), v[:, :, :best_len].to(device))
+                                            for k, v in best]), best_len
+
+    def _generate_padded(self, reqs: list[_Request], temperature: float) -> list[tuple]:
         from transformers import StoppingCriteriaList
 
         ids, mask = self._left_padded([r.args[0] for r in reqs])
         rows = _RowStops({s: self._stop_criteria(s) for s in {r.args[1] for r in reqs} if s},
                          [r.args[1] for r in reqs], [r.args[2] for r in reqs], ids.shape[1], self.end_id)
-        sample = temperature > 0
         out = self.model.generate(
             input_ids=ids.to(self.model.device), attention_mask=mask.to(self.model.device),
-            max_new_tokens=max(r.args[2] for r in reqs), do_sample=sample, temperature=temperature if sample else None,
-            top_k=0 if sample else None, top_p=1.0 if sample else None, eos_token_id=self.end_id,
-            pad_token_id=self.pad_id, stopping_criteria=StoppingCriteriaList([rows]), output_scores=True,
-            return_dict_in_generate=True)
+            max_new_tokens=max(r.args[2] for r in reqs), stopping_criteria=StoppingCriteriaList([rows]),
+            **self._sampling(temperature))
         logps = self.model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
         new = out.sequences[:, ids.shape[1]:]
         length = [n if n is not None else min(r.args[2], new.shape[1]) for n, r in zip(rows.length, reqs)]
@@ -196,13 +254,15 @@ class BatchEngine:
         self.stats["generate_requests"] += len(reqs)
         self.stats["generated_tokens"] += sum(length)
         self.stats["generate_steps"] += new.shape[1]
+        self.stats["prompt_tokens"] += sum(len(r.args[0]) for r in reqs)
         return [(new[i, :length[i]].tolist(), logps[i, :length[i]].tolist()) for i in range(len(reqs))]
 
     def _keep_prefixes(self, reqs: list[_Request], cache, new: torch.Tensor, length: list[int],
                        prompt_len: int) -> None:
         """Keep each row's KV cache of its prompt and generated tokens but the last (what ``generate`` fed through the
         model), unpadded, keyed by the whole sequence: the score request that usually follows (an act's command after
-        a generated turn, a grounded name) then feeds only the last token and the candidates."""
+        a generated turn, a grounded name) feeds only the last token and the candidates, and the lane's next
+        generation (after a grounded name, or the next turn's prompt) starts from the longest prefix it shares."""
         for i, r in enumerate(reqs):
             if length[i] < 1:
                 continue
@@ -210,110 +270,62 @@ class BatchEngine:
             end = prompt_len + length[i] - 1
             layers = [(layer.keys[i:i + 1, :, pad:end].clone(), layer.values[i:i + 1, :, pad:end].clone())
                       for layer in cache.layers]
-            self._prefixes[tuple(r.args[0]) + tuple(new[i, :length[i]].tolist())] = layers
-        while len(self._prefixes) > 2 * self.max_batch:  # oldest first: a prefix not scored soon never will be
+            self._prefixes.pop(key := tuple(r.args[0]) + tuple(new[i, :length[i]].tolist()), None)
+            self._prefixes[key] = layers  # most recent last
+        while len(self._prefixes) > 2 * self.max_batch:  # oldest first: a lane's next turn starts from its newest
             self._prefixes.pop(next(iter(self._prefixes)))
 
     def _score(self, reqs: list[_Request]) -> list[list[list[float]]]:
-        """Score requests: those whose context a generation just produced continue from its kept KV cache, the
-        others are prefilled; each request's per-candidate per-token log-probabilities, in order."""
-        kept = [self._prefixes.pop(tuple(r.args[0]), None) for r in reqs]
-        hits = [i for i, k in enumerate(kept) if k is not None]
-        misses = [i for i, k in enumerate(kept) if k is None]
-        results: list = [None] * len(reqs)
-        if misses:
-            for i, res in zip(misses, self._score_prefilled([reqs[i] for i in misses])):
-                results[i] = res
-        for i in hits:  # one context at a time: padding contexts to the longest would copy more cache than it saves
-            results[i] = self._score_cached([reqs[i]], [kept[i]])[0]
+        """Score requests one context at a time (``_score_one``); a context that a generation just produced continues
+        from the KV cache it left. Returns each request's per-candidate per-token log-probabilities, in order."""
+        results = []
+        for r in reqs:
+            cache, reused = self._prefix_cache(r.args[0])
+            self.stats["score_prefix_hits"] += reused == len(r.args[0]) - 1
+            self.stats["prefix_tokens_reused"] += reused
+            self.stats["prompt_tokens"] += len(r.args[0])
+            results.append(self._score_one(r.args[0], r.args[1], cache, reused))
         self.stats["score_batches"] += 1
         self.stats["score_requests"] += len(reqs)
-        self.stats["score_prefix_hits"] += len(hits)
         return results
 
-    def _score_cached(self, reqs: list[_Request], kept: list[list[tuple]]) -> list[list[list[float]]]:
-        """Score against kept caches: each row feeds its context's last token, then the candidate; position j of the
-        row predicts candidate token j."""
+    def _score_one(self, context: list[int], cands: list[list[int]], cache, reused: int) -> list[list[float]]:
+        """Every candidate of one context in a single row: the KV cache of all but the context's last token
+        (``cache`` holding its first ``reused`` tokens, the rest prefilled on top) read once, then its last token and
+        each candidate's tokens but the last, under a tree-shaped attention mask (each candidate token sees the context, the last token and its own candidate's earlier
+        tokens) with each candidate's positions starting after the context. The last token's logits predict every
+        candidate's first token; candidate token j's, its token j + 1. Costs one pass over the candidates' tokens
+        instead of one copy of the context's cache per candidate."""
         from transformers import DynamicCache
 
         device = self.model.device
-        lengths = [len(r.args[0]) - 1 for r in reqs]  # cached tokens of each context
-        longest = max(lengths)
-        ctx_mask = torch.zeros((len(reqs), longest), dtype=torch.long)
-        layers = []
-        for layer in range(len(kept[0])):
-            ks, vs = [], []
-            for i, rows in enumerate(kept):
-                k, v = rows[layer]
-                gap = longest - lengths[i]  # left padding: zeros that the mask hides
-                ks.append(torch.nn.functional.pad(k, (0, 0, gap, 0)))
-                vs.append(torch.nn.functional.pad(v, (0, 0, gap, 0)))
-            layers.append((torch.cat(ks).to(device), torch.cat(vs).to(device)))
-        for i, n in enumerate(lengths):
-            ctx_mask[i, longest - n:] = 1
-        rows = [(i, c) for i, r in enumerate(reqs) for c in r.args[1]]
-        per_row: list[list[float]] = []
-        for start in range(0, len(rows), self.chunk_rows):
-            part = rows[start:start + self.chunk_rows]
-            width = 1 + max(len(c) for _, c in part)
-            owner = torch.tensor([i for i, _ in part], dtype=torch.long)
-            batch = torch.full((len(part), width), self.pad_id, dtype=torch.long)
-            mask = torch.zeros((len(part), width), dtype=torch.long)
-            for j, (i, c) in enumerate(part):
-                batch[j, :1 + len(c)] = torch.tensor([reqs[i].args[0][-1], *c], dtype=torch.long)
-                mask[j, :1 + len(c)] = 1
-            pos = torch.tensor([lengths[i] for i, _ in part])[:, None] + torch.arange(width)[None, :]
-            cache = DynamicCache(ddp_cache_data=[(k[owner.to(device)], v[owner.to(device)]) for k, v in layers])
-            full_mask = torch.cat([ctx_mask[owner], mask], dim=1)
-            logits = self.model(input_ids=batch.to(device), attention_mask=full_mask.to(device),
-                                position_ids=pos.to(device), cache=cache, use_cache=True).logits
-            logp = torch.log_softmax(logits.float(), dim=-1)
-            for j, (_, c) in enumerate(part):
-                per_row.append(logp[j, torch.arange(len(c)), torch.tensor(c)].tolist())
-            self.stats["score_rows"] += len(part)
-        out, k = [], 0
-        for r in reqs:
-            out.append(per_row[k:k + len(r.args[1])])
-            k += len(r.args[1])
+        n = len(context) - 1  # cached positions
+        cache = cache if cache is not None else DynamicCache()
+        if reused < n:  # prefill what the kept prefix does not cover
+            cache = self.model(input_ids=torch.tensor([context[reused:n]], device=device), cache=cache,
+                               position_ids=torch.arange(reused, n, device=device)[None], use_cache=True,
+                               logits_to_keep=1).cache
+        tokens, positions, starts = [context[-1]], [n], []
+        for c in cands:
+            starts.append(len(tokens))
+            tokens += c[:-1]  # a candidate's last token predicts nothing that is scored
+            positions += range(n + 1, n + len(c))
+        q = len(tokens)
+        mask = torch.zeros((q, n + q), dtype=torch.bool)
+        mask[:, :n + 1] = True  # the context and its last token
+        for s, c in zip(starts, cands):
+            for j in range(len(c) - 1):
+                mask[s + j, n + s:n + s + j + 1] = True
+        logits = self.model(input_ids=torch.tensor([tokens], device=device), attention_mask=mask[None, None].to(device),
+                            position_ids=torch.tensor([positions], device=device), cache=cache,
+                            use_cache=True).logits[0]
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        self.stats["score_rows"] += len(cands)
+        out = []
+        for s, c in zip(starts, cands):
+            rows = torch.tensor([0] + list(range(s, s + len(c) - 1)))
+            out.append(logp[rows, torch.tensor(c)].tolist())
         return out
-
-    def _score_prefilled(self, reqs: list[_Request]) -> list[list[list[float]]]:
-        device = self.model.device
-        contexts = [r.args[0] for r in reqs]
-        ids, mask = self._left_padded(contexts)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids.to(device), attention_mask=mask.to(device),
-                         position_ids=positions.to(device), use_cache=True, logits_to_keep=1)
-        first = torch.log_softmax(out.logits[:, -1].float(), dim=-1)  # predicts each candidate's first token
-        rows = [(i, c) for i, r in enumerate(reqs) for c in r.args[1]]
-        per_row: list[list[float]] = []
-        for start in range(0, len(rows), self.chunk_rows):
-            part = rows[start:start + self.chunk_rows]
-            longest = max(len(c) for _, c in part)
-            owner = torch.tensor([i for i, _ in part], dtype=torch.long)
-            batch = torch.full((len(part), longest), self.pad_id, dtype=torch.long)
-            cand_mask = torch.zeros((len(part), longest), dtype=torch.long)
-            for j, (_, c) in enumerate(part):
-                batch[j, :len(c)] = torch.tensor(c, dtype=torch.long)
-                cand_mask[j, :len(c)] = 1  # right padding: real tokens never attend to it
-            lengths = torch.tensor([len(contexts[i]) for i, _ in part], dtype=torch.long)
-            pos = lengths[:, None] + torch.arange(longest)[None, :]
-            cache = copy.deepcopy(out.cache)
-            cache.batch_select_indices(owner.to(device))
-            logits = self.model(input_ids=batch.to(device),
-                                attention_mask=torch.cat([mask[owner], cand_mask], dim=1).to(device),
-                                position_ids=pos.to(device), cache=cache, use_cache=True).logits
-            logp = torch.log_softmax(logits.float(), dim=-1)  # position j predicts candidate token j + 1
-            for j, (i, c) in enumerate(part):
-                tail = logp[j, torch.arange(len(c) - 1), torch.tensor(c[1:])].tolist() if len(c) > 1 else []
-                per_row.append([first[i, c[0]].item()] + tail)
-            self.stats["score_rows"] += len(part)
-        results, k = [], 0
-        for r in reqs:
-            results.append(per_row[k:k + len(r.args[1])])
-            k += len(r.args[1])
-        return results
-
 
 class _RowStops(StoppingCriteria):
     """A transformers stopping criterion with each row's own stop: row i of a batched ``generate`` is done after

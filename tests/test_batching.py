@@ -65,7 +65,7 @@ def test_one_batch_generates_and_scores_what_each_prompt_alone_gives(release_mod
     stops = [[COMMAND_OPEN, ENTITY_OPEN, VALUE_OPEN] if i % 2 else [COMMAND_OPEN] for i in range(6)]
     budgets = [64 - 7 * i for i in range(6)]  # each row its own budget and stop strings
     cands = [tok(c, add_special_tokens=False)["input_ids"] for c in ("go to cabinet 1", "look", "open drawer 12")]
-    engine = BatchEngine(model, tok)
+    engine = BatchEngine(model, tok, batch_generation=True)
     batched = _serve(engine, [lambda i=i: (engine.generate(prompts[i], stops[i], budgets[i], 0.0),
                                            engine.score(prompts[i], cands)) for i in range(6)])
     assert engine.stats["generate_batches"] == 1 and engine.stats["score_batches"] == 1  # all six in one pass
@@ -94,10 +94,40 @@ def test_scoring_after_a_generated_turn_continues_from_its_kept_cache(release_mo
         return gen, engine.score(prompts[i] + gen, cands)
 
     batched = _serve(engine, [lambda i=i: turn(i) for i in range(4)])
-    assert engine.stats["score_prefix_hits"] == 4 and not engine._prefixes  # every score used its turn's cache
+    assert engine.stats["score_prefix_hits"] == 4  # every score continued from its turn's cache
     for i, (gen, scores) in enumerate(batched):
         for ref, got in zip(alone.score_continuations(prompts[i] + gen, cands), scores):
             assert len(ref) == len(got) and max(abs(a - b) for a, b in zip(ref, got)) < 1e-4
+
+
+def test_a_turn_continues_from_the_prefix_it_shares_with_a_kept_one(release_model):
+    """Generation after a scored name, or the next turn's prompt, encodes only what no kept sequence covers, and
+    generates what a fresh prompt generates."""
+    model, tok = release_model
+    first = _prompts(tok, 1)[0]
+    alone = LMPolicy(model, tok, 30, context="turn", decoding="score")
+    engine = BatchEngine(model, tok)
+    longer = first + tok(" open drawer 1", add_special_tokens=False)["input_ids"]
+
+    reused = []
+
+    def call(ids):
+        before = engine.stats["prefix_tokens_reused"]
+        out = engine.generate(ids, [COMMAND_OPEN], 30, 0.0)
+        reused.append(engine.stats["prefix_tokens_reused"] - before)
+        return out
+
+    def episode():
+        gen, _ = call(first)
+        return gen, call(first + gen + [7, 8]), call(longer)
+
+    gen, (second, second_lp), (third, _) = _serve(engine, [episode])[0]
+    ref, ref_lp = alone._generate(first + gen + [7, 8], [COMMAND_OPEN], 30)
+    assert second == ref and max(abs(a - b) for a, b in zip(second_lp, ref_lp)) < 1e-4
+    assert third == alone._generate(longer, [COMMAND_OPEN], 30)[0]
+    # nothing kept at first; then the first's prompt and turn (but the turn's last token, never fed); then at
+    # least the first's prompt but its last token (more when the new text's first token happens to match)
+    assert reused[0] == 0 and reused[1] == len(first) + len(gen) - 1 and reused[2] >= len(first) - 1
 
 
 def test_a_failing_batch_raises_in_every_waiting_episode(release_model):
