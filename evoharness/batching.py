@@ -1,20 +1,25 @@
-"""Batched policy inference: the episodes of one process advance together, one batched forward pass per turn.
+"""Policy inference shared by the episodes of one process: one model, its KV caches reused across their calls.
 
 Each episode runs in its own thread with its own ``LMPolicy`` (``engine=``), whose two model calls, generating a
 turn and scoring candidate continuations (an act's admissible commands, a grounded ``track`` name), become requests
-to a ``BatchEngine``. The engine runs in the thread that called ``serve``: once every live episode is waiting on
-it (or ``max_wait_s`` after the first request, so that a slow environment step does not stall the others) it takes
-all pending requests and answers them in batches:
+to a ``BatchEngine`` served by the thread that called ``serve``. While one episode's call runs, the others step their
+environments (in their own processes) and build their prompts. The engine:
 
-* generation: left-padded prompts through ``model.generate`` (one batched prefill, then the batch decodes
-  together with its KV cache), grouped by temperature; each row stops where batch-1 generation would have
-  (``<|im_end|>``, its own stop strings by transformers' ``StopStringCriteria``, or its own token budget), and
-  returns its tokens with their log-probabilities;
-* scoring: one context at a time, continuing from the KV cache its generation left when a generated turn is
-  being scored (else a prefill), with all its candidates in one row under a tree-shaped attention mask.
+* keeps the KV cache of every sequence it generated (the last few per episode) and starts each call from the
+  longest prefix a kept sequence shares: the score that follows a generated turn feeds only the turn's last token,
+  the generation that follows a grounded name only the name, and a new turn only what differs from the last one;
+* scores all candidates of a context in one row under a tree-shaped attention mask (each candidate token sees the
+  context, the context's last token and its own candidate's earlier tokens), so the context's cache is read once
+  instead of copied per candidate;
+* generates one request at a time by default (each row stopping at ``<|im_end|>``, its stop strings through
+  transformers' ``StopStringCriteria``, or its budget), or with ``batch_generation`` all pending requests in one
+  left-padded ``model.generate`` call, once every live episode waits or ``max_wait_s`` after the first request.
+  On 2 CPU cores a turn's time is its prompt's prefill, already a matrix product at batch 1, and padding prompts to
+  the longest cost more than batching saved (``docs/benchmarks/inference.md``), hence the default.
 
-Greedy choices equal batch-1 ones up to float reduction order (a padded batch sums in another order); where two
-candidates tie to within that, the choice can differ (counted by ``scripts/bench_inference.py``).
+Greedy choices equal batch-1 ones up to float reduction order: a reused cache and a fresh prefill sum in another
+order, and where two candidates tie to within that, the choice can differ (``scripts/bench_inference.py`` counts
+the episodes that differ).
 """
 
 from __future__ import annotations
@@ -45,7 +50,8 @@ class BatchEngine:
         max_batch: requests taken per pass, and twice the number of KV prefixes kept.
         batch_generation: generate several requests in one left-padded ``model.generate`` call (off: one call per
             request, continuing from its longest kept KV prefix; see ``_generate``).
-        max_wait_s: how long the first pending request waits for the other live episodes before its batch runs.
+        max_wait_s: with ``batch_generation``, how long the first pending request waits for the other live episodes
+            before its batch runs (without it, requests run as they come).
 
     ``stats`` counts batches, requests and rows, for the benchmark.
     """
@@ -129,7 +135,8 @@ class BatchEngine:
                         self._cv.wait(0.5)
                         continue
                     first = first or time.monotonic()
-                    left = first + self.max_wait_s - time.monotonic()
+                    # requests run one at a time unless generation is batched: then waiting buys nothing
+                    left = first + (self.max_wait_s if self.batch_generation else 0.0) - time.monotonic()
                     if left <= 0:
                         break
                     self._cv.wait(left)

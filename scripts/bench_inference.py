@@ -156,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=24, help="games, evenly spaced over the split (0: all)")
     p.add_argument("--batch", type=int, default=8, help="(c): episodes at once")
     p.add_argument("--workers", type=int, default=2, help="(b): processes of one episode at a time")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads of (c)'s process (1: the other core steps the environments)")
     p.add_argument("--batched-workers", type=int, default=1,
                    help="(c): processes, each playing --batch episodes at once (their cores split between them)")
     p.add_argument("--memory", type=int, default=0, help="also the memory curve over this many episodes")
@@ -180,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(a.work_dir)
     shutil.rmtree(work, ignore_errors=True)
     cores = len(os.sched_getaffinity(0))
-    torch.set_num_threads(cores)
+    torch.set_num_threads(a.threads)  # (b)'s workers set their own: cores / workers each
     print(f"{len(games)} {a.split} games, policy {a.policy}, {cores} cores; (b) {a.workers} process(es), "
           f"(c) {a.batched_workers} process(es) of {a.batch} episodes at once", flush=True)
     runs = {}
