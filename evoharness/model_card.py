@@ -56,7 +56,7 @@ def render_card(release: dict, summary: dict) -> str:
         "",
         "## Model details",
         "",
-        f"- Architecture: Qwen3 (`Qwen3ForCausalLM`), {tr['parameters']:,} parameters, trained from "
+        f"- Architecture: Qwen3 (`Qwen3ForCausalLM`), {tr['parameters']:,} parameters, "
         f"{_base(lin, release.get('parent'))}; byte-level "
         "BPE tokenizer trained on the project's own traces; Qwen3 chat template with tool calls.",
         f"- Context layout: `{tr.get('layout', {}).get('context', 'turn')}` "
@@ -150,9 +150,11 @@ def card_figures(card: str) -> dict:
 def _base(lin: dict, parent: dict | None) -> str:
     """What the card says the model was trained from."""
     if parent:
-        return (f"the release `{parent['name']}` as of commit `{(parent['git_commit'] or '?')[:7]}` (profile "
-                f"`{parent['profile']}`), trained further")
-    return "scratch" if lin.get("base_model") in (None, "", "embedded-default") else f"`{lin['base_model']}`"
+        return (f"trained further from the release `{parent['name']}` as of commit "
+                f"`{(parent['git_commit'] or '?')[:7]}` (profile `{parent['profile']}`)")
+    if lin.get("base_model") in (None, "", "embedded-default"):
+        return "trained from scratch"
+    return f"trained from `{lin['base_model']}`"
 
 
 def _parent_rows(parent: dict | None, tr: dict) -> list[str]:

@@ -188,8 +188,9 @@ def parent_of(base_model: str | None) -> dict | None:
     if not base_model or not is_release(base_model):
         return None
     rel = read_release(base_model)
-    commit = subprocess.run(["git", "log", "-1", "--format=%H", "--", str(Path(base_model) / RELEASE_JSON)],
-                            capture_output=True, text=True, cwd=Path(base_model).parent).stdout.strip() or None
+    folder = Path(base_model).resolve()
+    commit = subprocess.run(["git", "log", "-1", "--format=%H", "--", RELEASE_JSON], capture_output=True, text=True,
+                            cwd=folder).stdout.strip() or None
     tr, up = rel.get("training", {}), rel.get("parent") or {}
     success = {}
     for split, file in rel.get("evaluations", {}).items():
