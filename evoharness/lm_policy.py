@@ -56,8 +56,8 @@ class LMPolicy:
             that score decoding stops at: the turn is cut here, as ``model.generate``'s stop strings would cut it.
             Candidate scoring still runs on ``model``.
         engine: an ``evoharness.batching.BatchEngine`` shared with the other episodes of this process: generation
-            and candidate scoring become its requests, answered in batches across episodes (``generate_fn`` still
-            wins for generation). None: this policy's own batch-1 calls on ``model``.
+            and candidate scoring become its requests, which reuse the KV caches of this episode's earlier calls
+            (``generate_fn`` still wins for generation). None: this policy's own calls on ``model``.
 
         ground_track: ``score`` decoding: a ``track`` call's ``entity`` is scored (as an act's command is) over the
             object and receptacle names ("cd 3") in ``state["observation"]``, the latest observation, and the
