@@ -357,7 +357,21 @@ class GRPOStageConfig(TrainingRuntime):
         split / num_games: the games whose episodes form the groups.
         num_generations: episodes per game per step (the GRPO group).
         turns_per_episode: ``turn`` context only: turns drawn from each episode as GRPO samples, so a group holds
-            ``num_generations x turns_per_episode`` samples (``evoharness.rollouts.TurnRollouts``).
+            ``num_generations x turns_per_episode`` samples (``evoharness.rollouts.TurnRollouts``). Ignored when
+            ``turns_per_group`` is set.
+        turns_per_group: ``turn`` context only; 0: off (``turns_per_episode`` turns sampled per episode, each
+            carrying its episode's reward, and TRL normalises within the group). > 0: every turn of the group's
+            ``num_generations`` episodes is a sample, each with its own advantage computed here
+            (``evoharness.advantages.turn_advantages`` under ``advantage``) and passed to TRL unscaled
+            (``scale_rewards="none"``); the group is padded to this many samples with masked rows (one of them
+            makes the group's mean 0, so TRL's baseline leaves the advantages as computed), and a group with more
+            turns than ``turns_per_group - 1`` trains on that many of them drawn uniformly (the rest are counted as
+            ``turns_dropped`` in the step's metrics). Size it to the longest group expected:
+            ``num_generations x`` the turn budget.
+        advantage: with ``turns_per_group``: ``grpo`` (every turn gets its episode's group-relative advantage) or
+            ``gigpo`` (plus the step-level advantage over turns that start from the same environment state: Feng et
+            al. 2025, arXiv:2505.10978), with ``gigpo_gamma`` (discount of step returns) and ``gigpo_omega`` (weight
+            of the step-level term): the paper's 0.95 and 1.
         max_steps: optimizer steps.
         max_env_steps / max_meta_actions: per-episode budgets during rollouts.
         ground_track: ``turn`` context: a rollout's ``track`` names are drawn over the latest observation's names (at
@@ -393,6 +407,10 @@ class GRPOStageConfig(TrainingRuntime):
     game_offset: int = 1000
     num_generations: int = 4
     turns_per_episode: int = 4
+    turns_per_group: int = 0
+    advantage: str = "grpo"
+    gigpo_gamma: float = 0.95
+    gigpo_omega: float = 1.0
     prompts_per_step: int = 2
     max_steps: int = 4
     max_env_steps: int = 20
@@ -417,6 +435,15 @@ class GRPOStageConfig(TrainingRuntime):
             raise ValueError(f"grpo.temperature is {self.temperature}: GRPO samples its rollouts, use a value > 0")
         if self.turns_per_episode < 1:
             raise ValueError(f"grpo.turns_per_episode is {self.turns_per_episode}: use 1 or more")
+        if self.advantage not in ("grpo", "gigpo"):
+            raise ValueError(f"grpo.advantage is {self.advantage!r}: use grpo or gigpo")
+        if self.turns_per_group < 0 or 0 < self.turns_per_group < 2:
+            raise ValueError(f"grpo.turns_per_group is {self.turns_per_group}: use 0 (off) or 2 or more")
+        if self.advantage == "gigpo" and not self.turns_per_group:
+            raise ValueError("grpo.advantage: gigpo needs grpo.turns_per_group > 0 (every turn a sample, each with "
+                             "its own advantage)")
+        if not 0 < self.gigpo_gamma <= 1:
+            raise ValueError(f"grpo.gigpo_gamma is {self.gigpo_gamma}: use a value in (0, 1]")
 
 
 @dataclass

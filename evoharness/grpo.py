@@ -15,7 +15,9 @@ The path from rollout to loss (GRPO: Shao et al. 2024, "DeepSeekMath", arXiv:240
    or refused meta-action (``EpisodeUsage.cost``). ``budget``: the paper's (EvoHarness-RL, arXiv:2608.05446)
    task + efficiency + annealed diversity - spam - invalid terms, with environment actions and meta-action calls
    sharing one interaction budget; the priced cost is still computed and logged;
-3. advantage: TRL normalises rewards within each group; the loss uses generated tokens only (``env_mask``).
+3. advantage: TRL normalises rewards within each group; with ``grpo.turns_per_group`` every turn carries its own
+   advantage instead (GRPO's episode-level one, or GiGPO's: ``evoharness.advantages``), which TRL uses unscaled;
+   the loss uses generated tokens only (``env_mask``).
 
 Per step it logs to MLflow: success rate, reward and each of its terms (``reward_task``, ``reward_eff``,
 ``reward_div``, ``lambda_div``, ``reward_spam``, ``reward_inv``, ``reward_cost``), the priced cost (``cost``, charged or
@@ -68,7 +70,11 @@ def train_grpo(model_path: str, games: list[str], output_dir: str, cfg: GRPOStag
     peft_config = lora_config(cfg)
     ckpt_dir = out / "checkpoints"
     turn = workspace_cfg is not None and workspace_cfg.context == "turn"
-    group = cfg.num_generations * (cfg.turns_per_episode if turn else 1)  # samples per game per step
+    if cfg.turns_per_group and not turn:
+        raise ValueError("grpo.turns_per_group needs the turn context (traces.context: turn)")
+    own_advantages = turn and cfg.turns_per_group > 0  # rollouts.advantage_samples computes them per turn
+    group = (cfg.turns_per_group if own_advantages
+             else cfg.num_generations * (cfg.turns_per_episode if turn else 1))  # samples per game per step
     on_gpu = torch.cuda.is_available()
     if cfg.use_vllm and not (on_gpu and turn):
         raise ValueError("grpo.use_vllm needs CUDA GPUs (vLLM colocate mode) and the turn context; set it to false")
@@ -76,6 +82,7 @@ def train_grpo(model_path: str, games: list[str], output_dir: str, cfg: GRPOStag
         output_dir=str(ckpt_dir), per_device_train_batch_size=cfg.prompts_per_step // world * group,
         gradient_accumulation_steps=1, num_generations=group, max_steps=cfg.max_steps,
         learning_rate=cfg.learning_rate, beta=cfg.beta, temperature=max(cfg.temperature, 1e-3),
+        scale_rewards="none" if own_advantages else "group",  # advantages computed per turn are used as they are
         max_completion_length=model.config.max_position_embeddings, logging_steps=1,
         save_steps=cfg.save_steps, seed=cfg.seed, use_cpu=not on_gpu, bf16=cfg.bf16 and on_gpu,
         activation_checkpointing=cfg.gradient_checkpointing,  # transformers 5 name (the old one warns)

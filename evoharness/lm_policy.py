@@ -103,6 +103,7 @@ class LMPolicy:
         self.env_mask: list[int] = []
         self.logprobs: list[float] = []
         self.turns: list[dict] = []  # turn context: one entry per turn, see ``_record``
+        self._anchor: str | None = None
         if self.context == "turn":
             self.prompt_ids: list[int] = []
             return
@@ -169,6 +170,7 @@ class LMPolicy:
         return gen, scores
 
     def _decide_turn(self, state: dict) -> Decision:
+        self._anchor = state.get("observation")  # the turn's environment state, for step-level advantages
         text = self.tok.apply_chat_template(state["turn_messages"], tools=self.tools, add_generation_prompt=True,
                                             tokenize=False)
         ids = self.tok(text, add_special_tokens=False)["input_ids"]
@@ -267,13 +269,16 @@ class LMPolicy:
 
     def _record(self, prompt_ids: list[int], completion_ids: list[int], logprobs: list[float],
                 mask: list[int]) -> None:
-        """Keep the turn for GRPO (``turns``): a turn that did not end with ``<|im_end|>`` is closed with it."""
+        """Keep the turn for GRPO (``turns``): a turn that did not end with ``<|im_end|>`` is closed with it. The
+        entry's ``anchor`` is the latest environment observation the turn's prompt showed (GiGPO's anchor state,
+        ``evoharness.advantages``)."""
+        anchor = self._anchor
         if completion_ids and completion_ids[-1] == self.end_id:
             self.turns.append({"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs,
-                               "env_mask": mask})
+                               "env_mask": mask, "anchor": anchor})
         else:
             self.turns.append({"prompt_ids": prompt_ids, "completion_ids": completion_ids + [self.end_id],
-                               "logprobs": logprobs + [0.0], "env_mask": mask + [0]})
+                               "logprobs": logprobs + [0.0], "env_mask": mask + [0], "anchor": anchor})
 
     def _score_act(self, ids: list[int], head: list[int], head_logps: list[float], head_mask: list[int],
                    admissible: list[str], generated: str = "", record: bool = True) -> Decision:

@@ -12,7 +12,9 @@ Two layouts, one per context (``TraceConfig.context``):
   normalises rewards within a group of ``num_generations x turns_per_episode`` samples, so every turn of an episode
   gets the episode's advantage: the episode-level credit assignment of GRPO (Shao et al. 2024, arXiv:2402.03300)
   applied to turn-wise prompts. Sampling a few turns per episode keeps a step's batch bounded however long the
-  episodes run.
+  episodes run. With ``grpo.turns_per_group`` every turn of the group's episodes is a sample instead, each with its
+  own advantage (``advantage_samples``: GRPO's episode-level one, or GiGPO's with a step-level term,
+  ``evoharness.advantages``).
 
 Both log the same per-step metrics (``episode_metrics``) to ``history.jsonl`` and MLflow. With ``cost.mode:
 budget`` an episode plays under the shared interaction budget ``T_max`` instead of ``grpo.max_env_steps`` and
@@ -197,10 +199,10 @@ class TurnRollouts(_Rollouts):
         model = trainer.accelerator.unwrap_model(trainer.model)
         tokenizer = trainer.processing_class
         per_episode = self.cfg.turns_per_episode
-        group = self.cfg.num_generations * per_episode
+        group = self.cfg.turns_per_group or self.cfg.num_generations * per_episode
         if len(prompts) % group:
-            raise ValueError(f"rollout_func got {len(prompts)} prompts, not a multiple of num_generations x "
-                             f"turns_per_episode = {group}")
+            raise ValueError(f"rollout_func got {len(prompts)} prompts, not a multiple of the group size {group} "
+                             "(grpo.turns_per_group, or num_generations x turns_per_episode)")
         out = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": [], "episode_reward": []}
         results, t0 = [], time.time()
         first_group = trainer.accelerator.process_index * (len(prompts) // group)  # groups numbered step-wide
@@ -225,17 +227,30 @@ class TurnRollouts(_Rollouts):
                     played = run_lanes(model, tokenizer, jobs, self.cfg.batch_episodes, 50, play)
                 else:
                     played = [play(job) for job in jobs]
-            for (g, start, e), (res, turns) in zip(jobs, played):
-                results.append(res)
-                seed = self.episode_seed(g * self.cfg.num_generations + e)
-                for t in sample_turns(turns, per_episode, seed) or [None] * per_episode:
-                    t = t or empty_turn(tokenizer, prompts[start])
+            dropped = trained = 0
+            for i in range(0, len(jobs), self.cfg.num_generations):  # one game's episodes: a group
+                (g, start, _), episodes = jobs[i], played[i:i + self.cfg.num_generations]
+                results += [res for res, _ in episodes]
+                pad = empty_turn(tokenizer, prompts[start])
+                if self.cfg.turns_per_group:
+                    samples, values, n_dropped = advantage_samples(episodes, self.cfg, pad,
+                                                                   self.episode_seed(g * self.cfg.num_generations))
+                    dropped, trained = dropped + n_dropped, trained + sum(v is not None for v in values) - 1
+                else:
+                    samples, values = [], []
+                    for e, (res, turns) in enumerate(episodes):
+                        seed = self.episode_seed(g * self.cfg.num_generations + e)
+                        picked = sample_turns(turns, per_episode, seed)
+                        trained += len(picked)
+                        samples += picked or [pad] * per_episode
+                        values += [res.reward] * per_episode
+                for t, v in zip(samples, values):
                     for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask"):
                         out[k].append(t[k])
-                    out["episode_reward"].append(res.reward)
+                    out["episode_reward"].append(v)
         finally:
             model.train(was_training)
-        log_step(results, t0, trainer, self.history_path)
+        log_step(results, t0, trainer, self.history_path, {"turns_trained": trained, "turns_dropped": dropped})
         self.calls += 1
         return out
 
@@ -258,6 +273,34 @@ def vllm_generate_fn(trainer):
     return generate
 
 
+def advantage_samples(episodes: list[tuple], cfg: GRPOStageConfig, pad: dict,
+                      seed: int) -> tuple[list[dict], list[float | None], int]:
+    """One group's GRPO samples when every turn is trained (``grpo.turns_per_group``): each recorded turn of the
+    group's episodes with its own advantage (``evoharness.advantages.turn_advantages`` under ``grpo.advantage``).
+
+    ``episodes``: (``EpisodeResult``, its recorded turns) per episode of one game. ``pad``: a masked sample (nothing
+    to learn from) that fills the group to ``turns_per_group`` rows. Returns (samples, values, dropped): ``values``
+    are what the reward function hands TRL, which subtracts the group's mean and, with ``scale_rewards="none"``,
+    nothing else: the turns' advantages, then one pad row holding minus their sum (so the mean over the rows that
+    have a value is 0 and TRL's baseline changes nothing), then None for the other pad rows (TRL leaves rows without
+    a reward out of the mean and gives them advantage 0). When the turns exceed ``turns_per_group - 1``, that many
+    are drawn uniformly (``seed``) and ``dropped`` counts the rest."""
+    from evoharness.advantages import turn_advantages
+
+    anchors = [[t.get("anchor") for t in turns] for _, turns in episodes]
+    advantages = turn_advantages(anchors, [res.reward for res, _ in episodes], cfg.advantage, cfg.gigpo_gamma,
+                                 cfg.gigpo_omega)
+    rows = [(t, a) for (_, turns), per_turn in zip(episodes, advantages) for t, a in zip(turns, per_turn)]
+    room = cfg.turns_per_group - 1
+    dropped = max(len(rows) - room, 0)
+    if dropped:
+        rows = [rows[i] for i in sorted(random.Random(seed).sample(range(len(rows)), room))]
+    n_pad = cfg.turns_per_group - len(rows)
+    samples = [t for t, _ in rows] + [pad] * n_pad
+    values = [a for _, a in rows] + [-sum(a for _, a in rows)] + [None] * (n_pad - 1)
+    return samples, values, dropped
+
+
 def sample_turns(turns: list[dict], k: int, seed: int) -> list[dict]:
     """``k`` of an episode's recorded turns, uniformly without replacement (with replacement when it has fewer
     than ``k``); [] when it has none."""
@@ -276,20 +319,24 @@ def empty_turn(tokenizer, prompt: list[dict], tools: list[dict] | None = None) -
     return {"prompt_ids": ids["input_ids"], "completion_ids": [end], "logprobs": [0.0], "env_mask": [0]}
 
 
-def log_step(results, t0: float, trainer, history_path: Path) -> dict:
+def log_step(results, t0: float, trainer, history_path: Path, counts: dict | None = None) -> dict:
     """Gather the step's episodes from every process; on the main process append their ``episode_metrics`` (with
-    the episode count and rollouts per minute over the step's wall time) to ``history_path`` and MLflow, print
-    them and return them ({} on the other processes)."""
+    the episode count, rollouts per minute over the step's wall time and ``counts`` summed over the processes,
+    e.g. turns trained and dropped) to ``history_path`` and MLflow, print them and return them ({} on the other
+    processes)."""
     import mlflow
 
+    counts = counts or {}
     if trainer.accelerator.num_processes > 1:
         from accelerate.utils import gather_object
 
         results = gather_object([dataclasses.replace(r, transcript=[]) for r in results])  # no need to ship turns
+        gathered = gather_object([counts])
+        counts = {k: sum(c.get(k, 0) for c in gathered) for k in counts}
     if not trainer.accelerator.is_main_process:
         return {}
-    metrics = episode_metrics(results) | {"episodes": len(results),
-                                          "rollouts_per_min": len(results) / max(time.time() - t0, 1e-9) * 60}
+    metrics = episode_metrics(results) | counts | {
+        "episodes": len(results), "rollouts_per_min": len(results) / max(time.time() - t0, 1e-9) * 60}
     step = trainer.state.global_step
     with history_path.open("a") as fh:
         fh.write(json.dumps({"step": step, **metrics}) + "\n")

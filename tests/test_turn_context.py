@@ -782,3 +782,30 @@ def test_lesson_turns_show_a_recalls_lessons_until_the_next_command_in_traces_an
     assert _lesson_prompts(policy.prompts[:4]) == [1]
     with pytest.raises(ValueError, match="lesson_turns is -1"):
         TraceConfig(context="turn", lesson_turns=-1)
+
+
+@pytest.mark.slow
+def test_grpo_trains_every_turn_with_gigpo_advantages_on_a_real_game(turn_model, tmp_path):
+    """`grpo.turns_per_group` with `grpo.advantage: gigpo`: a real GRPO step on a train game, every recorded turn of
+    the group's two episodes a sample (none dropped), each turn recorded with its anchor state."""
+    from evoharness.config import GRPOStageConfig
+    from evoharness.rollouts import TurnRollouts
+
+    game = list_games("train", limit=1, offset=1000)
+    cfg = GRPOStageConfig(num_generations=2, prompts_per_step=1, max_steps=1, max_env_steps=3, max_meta_actions=2,
+                          max_new_tokens=16, turns_per_group=24, advantage="gigpo", ground_track=True)
+    spec = {"model_path": turn_model, "games": game, "output_dir": str(tmp_path / "grpo"),
+            "experience_path": str(tmp_path / "exp.db"), "grpo": dataclasses.asdict(cfg),
+            "cost": dataclasses.asdict(CostConfig()), "traces": dataclasses.asdict(PARALLEL)}
+    result = accelerate_launch("evoharness.grpo", spec, tmp_path / "grpo", num_processes=1)
+    first = result["first"]
+    assert result["global_step"] == 1 and first["episodes"] == 2 and first["env_steps"] == 3.0
+    assert first["turns_dropped"] == 0 and 6 <= first["turns_trained"] <= 23  # 3 acts per episode at least
+    model, tok = load_policy(turn_model)
+    rollouts = TurnRollouts({}, cfg, CostConfig(), str(tmp_path / "exp.db"), str(tmp_path / "h.jsonl"),
+                            workspace_cfg=PARALLEL)
+    _, turns = rollouts.play(model, tok, game[0], "anchors", seed=0)
+    env = ALFWorldEnv(game[0], expert=False)
+    first_observation = env.reset().observation
+    env.close()
+    assert turns[0]["anchor"] == first_observation  # every episode of the game shares its first state
