@@ -76,7 +76,7 @@ def pipeline(profile: str = "default", data_rev: str | None = None, split: str |
             release = cfg.model.path if Path(cfg.model.path).is_absolute() else str(Path(repo) / cfg.model.path)
             start = start_policy_task(cfg.registered_model_name, release, runs, cfg.promote.min_success, pid)
             cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=start["path"]))
-        data = collect_task(cfg, repo, pid)
+        data = collect_task(cfg, repo, pid, data_rev)
         lap("collect")
         episodes, md5, quarantined = ingest_task(repo, data_rev, pid, cfg.ingest.on_error, cfg.collect.path)
         data_paths, dagger_policies = [cfg.collect.path], {}

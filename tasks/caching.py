@@ -103,11 +103,13 @@ def transient_only(_task, _task_run, state) -> bool:
     """Prefect ``retry_condition_fn``: retry crashes and flaky failures, never deterministic input errors (a missing
     split or game, a bad record, a data-version mismatch, a bad config), which would fail the same way again."""
     from evoharness.datastore import DataVersionMismatch
+    from evoharness.pinned import DataVersionUnavailable
     from evoharness.rawlog import RawLogError
 
     try:
         state.result()
-    except (FileNotFoundError, ValueError, RawLogError, DataVersionMismatch, KeyError, TypeError):
+    except (FileNotFoundError, ValueError, RawLogError, DataVersionMismatch, DataVersionUnavailable, KeyError,
+            TypeError):
         return False
     except Exception:
         return True

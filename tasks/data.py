@@ -10,7 +10,7 @@ import mlflow
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from evoharness import datastore, rawlog
+from evoharness import datastore, pinned, rawlog
 from evoharness.alfworld_env import list_games
 from evoharness.collect import profile_games
 from evoharness.config import PipelineConfig
@@ -27,11 +27,20 @@ from tasks.caching import transient_only
     timeout_seconds=6 * 3600,
     cache_policy=NO_CACHE,
 )
-def collect_task(cfg: PipelineConfig, repo: str, parent_run_id: str) -> dict:
+def collect_task(cfg: PipelineConfig, repo: str, parent_run_id: str, data_rev: str | None = None) -> dict:
     """Ensure ``<collect.path>/`` holds the raw logs its ``.dvc`` file names (check out, pull, collect or
-    regenerate), push them to the default DVC remote, and log the collection's figures (episodes/min, worker memory)."""
+    regenerate), push them to the default DVC remote, and log the collection's figures (episodes/min, worker memory).
+    With ``data_rev``: leave the workspace alone and make the DVC cache hold the version that rev names instead
+    (``evoharness.pinned.ensure_version_at``: cached, pulled, or regenerated with the rev's own code)."""
     log = get_run_logger()
     c = cfg.collect
+    if data_rev:
+        with start_run("collect", parent_run_id):
+            out = pinned.ensure_version_at(repo, data_rev, c.path, cfg.profile)
+            mlflow.set_tags({"data_status": out["status"], "dvc_md5": out["md5"], "data_path": c.path,
+                             "data_rev": data_rev})
+        log.info(f"data at rev {data_rev} {out['status']}: md5 {out['md5']}")
+        return {"status": out["status"], "md5": out["md5"], "pushed": None}
     games = profile_games(c)
     with start_run("collect", parent_run_id):
         mlflow.log_params({f"collect.{k}": v for k, v in c.__dict__.items()})
