@@ -81,6 +81,36 @@ class StepClock(TrainerCallback):
         return (t1 - t0) / steps, (k1 - k0) / max(t1 - t0, 1e-9), steps
 
 
+class TrainSeconds(TrainerCallback):
+    """Training wall seconds over every launch of a run: the total recorded in the checkpoint it resumes from plus
+    this launch's. Each checkpoint keeps the running total (``train_seconds.json``), so a killed launch's training
+    up to its last checkpoint is counted (what it trained after it is lost and trained again, and counted again).
+
+    ``before``: seconds recorded in ``resumed_from`` (0.0 for a fresh run or a checkpoint without the file);
+    ``total()``: ``before`` plus the seconds since this launch's training began."""
+
+    FILE = "train_seconds.json"
+
+    def __init__(self, resumed_from: str | None):
+        self.before, self.start = 0.0, None
+        try:
+            self.before = float(json.loads((Path(resumed_from) / self.FILE).read_text())["train_seconds"])
+        except (TypeError, OSError, ValueError, KeyError):
+            pass
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = time.perf_counter()
+
+    def total(self) -> float:
+        return self.before + (time.perf_counter() - self.start if self.start is not None else 0.0)
+
+    def on_save(self, args, state, control, **kwargs):
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if state.is_world_process_zero and folder.is_dir():
+            (folder / self.FILE).write_text(json.dumps({"train_seconds": round(self.total(), 3),
+                                                        "global_step": state.global_step}))
+
+
 class TimeLimit(TrainerCallback):
     """Stops training (``control.should_training_stop``; the final model is still saved) once rank 0 has trained
     ``seconds`` of wall time: the guard behind ``sft.time_budget_s``, whose step count is planned to end before it.
@@ -220,10 +250,13 @@ def train_sft(model_path: str, train_file: str, output_dir: str, cfg: SFTStageCo
     trainer = make_trainer(model, max_steps, ckpt_dir, True, cfg.save_steps, True)
     clock = StepClock()
     trainer.add_callback(clock)
-    limit = TimeLimit(budget["train_seconds"]) if budget is not None else None
+    last = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.exists() else None
+    seconds = TrainSeconds(last)
+    trainer.add_callback(seconds)
+    # the budget covers the whole training: a resumed launch gets what its earlier launches left of it
+    limit = TimeLimit(budget["train_seconds"] - seconds.before) if budget is not None else None
     if limit is not None:
         trainer.add_callback(limit)
-    last = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.exists() else None
     result = trainer.train(resume_from_checkpoint=last)
     final = Path(output_dir) / "final"
     save_final(trainer, tokenizer, final, merge_lora=peft_config is not None, layout=layout)
@@ -233,7 +266,9 @@ def train_sft(model_path: str, train_file: str, output_dir: str, cfg: SFTStageCo
             "train_loss": result.training_loss, "first_loss": history[0]["loss"] if history else None,
             "last_loss": history[-1]["loss"] if history else None, "resumed_from": last,
             "world_size": trainer.accelerator.num_processes, "train_rows": len(train),
-            "train_runtime_s": result.metrics.get("train_runtime"),
+            # every launch's training seconds (TrainSeconds); launch_runtime_s: this launch's alone
+            "train_runtime_s": round(seconds.before + (result.metrics.get("train_runtime") or 0.0), 3),
+            "launch_runtime_s": result.metrics.get("train_runtime"), "earlier_launches_s": seconds.before,
             "tokens_seen": trainer.state.num_input_tokens_seen, "precision": precision,
             "torch_compile": cfg.torch_compile,
             # steady rate: this run's steps after its first tenth (start-up and compilation left out)

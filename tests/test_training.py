@@ -53,9 +53,14 @@ def test_sft_runs_and_resumes_with_same_step_and_optimizer(tmp_path, traces, bas
     assert first["first_loss"] > 0
     ckpt = tmp_path / "checkpoints" / "checkpoint-2"
     assert (ckpt / "optimizer.pt").exists()
+    recorded = json.loads((ckpt / "train_seconds.json").read_text())
+    assert recorded["global_step"] == 2 and 0 < recorded["train_seconds"] <= first["train_runtime_s"] + 1.0
     spec["sft"]["max_steps"] = 3
     second = accelerate_launch("evoharness.sft", spec, tmp_path, num_processes=1)
     assert second["resumed_from"].endswith("checkpoint-2") and second["global_step"] == 3
+    # the whole training's seconds: those up to checkpoint-2 plus the resumed launch's
+    assert second["earlier_launches_s"] == recorded["train_seconds"]
+    assert second["train_runtime_s"] == pytest.approx(recorded["train_seconds"] + second["launch_runtime_s"], abs=1e-3)
     state = json.loads((tmp_path / "checkpoints" / "checkpoint-3" / "trainer_state.json").read_text())
     assert state["global_step"] == 3
 
