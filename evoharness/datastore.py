@@ -62,6 +62,29 @@ def dvc_add(repo: str | Path, target: str = "data") -> str:
     return dvc_md5(repo, dvc_file=f"{target}.dvc")
 
 
+def add_checked(repo: str | Path, target: str, committed: str | None, what: str, advice: str,
+                aside: bool = False) -> str:
+    """``dvc add target`` and return its md5, holding it to the version ``<target>.dvc`` names (``committed``; None:
+    no version yet, any md5 is the new one). On a mismatch ``<target>.dvc`` is put back as it was (a version is
+    never replaced behind the user's back), the folder is moved to ``<target>.mismatch-<md5>`` when ``aside``, and
+    DataVersionMismatch is raised naming both md5s, ``what`` holds the other one, and ``advice``."""
+    repo = Path(repo)
+    dvc_file = repo / f"{target}.dvc"
+    dvc_text = dvc_file.read_text() if committed else None
+    md5 = dvc_add(repo, target)
+    if committed is None or md5 == committed:
+        return md5
+    dvc_file.write_text(dvc_text)
+    moved = ""
+    if aside:
+        dest = repo / f"{target}.mismatch-{md5.removesuffix('.dir')[:12]}"
+        shutil.rmtree(dest, ignore_errors=True)
+        (repo / target).rename(dest)
+        moved = f"; the logs were moved to {dest}"
+    raise DataVersionMismatch(f"{dvc_file.name} names md5 {committed}, but {what} has md5 {md5}. {advice} "
+                              f"{dvc_file.name} was left unchanged{moved}.")
+
+
 def default_remote(repo: str | Path) -> str | None:
     """The URL of the repo's default DVC remote (``core.remote``), or None when none is configured."""
     from dvc.repo import Repo
@@ -149,14 +172,10 @@ def _ensure(repo: Path, cfg: CollectConfig, games: list[str], data_dir: str | No
     if _has_logs(data):
         if not committed:
             return {"status": "added", "md5": dvc_add(repo, target), "manifest": None}
-        dvc_text = dvc_file.read_text()
-        md5 = dvc_add(repo, target)  # cheap when unchanged: DVC caches file hashes
-        if md5 != committed:
-            dvc_file.write_text(dvc_text)
-            raise DataVersionMismatch(
-                f"{data} holds logs with md5 {md5}, not the version {dvc_file.name} names ({committed}). Restore "
-                f"it with `dvc checkout {target}`, or make it a new version on purpose with `dvc add {target}` and a "
-                f"commit of {dvc_file.name}. {dvc_file.name} was left unchanged.")
+        md5 = add_checked(  # cheap when unchanged: DVC caches file hashes
+            repo, target, committed, f"{data}/ (the logs there now)",
+            f"Restore it with `dvc checkout {target}`, or make it a new version on purpose with `dvc add {target}` "
+            f"and a commit of {dvc_file.name}.")
         return {"status": "present", "md5": md5, "manifest": None}
     if committed:
         from dvc.exceptions import CheckoutError
@@ -171,22 +190,12 @@ def _ensure(repo: Path, cfg: CollectConfig, games: list[str], data_dir: str | No
             pass  # no cache holds it: pull, else regenerate below
         if _pull(repo, target):
             return {"status": "pulled", "md5": committed, "manifest": None}
-    dvc_text = dvc_file.read_text() if committed else None
     if data.exists():
         shutil.rmtree(data)
     manifest = collect(games, data, cfg, data_dir, progress)
-    md5 = dvc_add(repo, target)
-    if committed and md5 != committed:
-        dvc_file.write_text(dvc_text)
-        aside = repo / f"{target}.mismatch-{md5.removesuffix('.dir')[:12]}"
-        shutil.rmtree(aside, ignore_errors=True)
-        data.rename(aside)
-        raise DataVersionMismatch(
-            f"{dvc_file.name} names md5 {committed} but the logs regenerated with profile settings "
-            f"{manifest['settings']} "
-            f"have md5 {md5}. The committed data version was made with other collection settings or another "
-            f"expert (its manifest's settings.expert; none before 2026-12-02): run with the profile that made it, "
-            f"restore data/ from a DVC cache or remote (dvc pull), or commit a new "
-            f"{dvc_file.name} on purpose. {dvc_file.name} was left unchanged; the regenerated logs were moved to "
-            f"{aside}.")
+    md5 = add_checked(
+        repo, target, committed, f"the logs regenerated with profile settings {manifest['settings']}",
+        f"The committed data version was made with other collection settings or another expert (its manifest's "
+        f"settings.expert; none before 2026-12-02): run with the profile that made it, restore {target}/ from a DVC "
+        f"cache or remote (dvc pull), or commit a new {dvc_file.name} on purpose.", aside=True)
     return {"status": "regenerated" if committed else "collected", "md5": md5, "manifest": manifest}

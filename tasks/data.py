@@ -144,13 +144,8 @@ def dagger_task(policy: str, cfg: PipelineConfig, repo: str, tag: str, num_games
                 f"remote holds, and a policy's play is not regenerated behind your back: restore them (`dvc pull "
                 f"{path}`), or collect a new version with another --tag")
         if committed:
-            dvc_text = dvc_file.read_text()
-            md5 = datastore.dvc_add(repo, path)
-            if md5 != committed:
-                dvc_file.write_text(dvc_text)  # the committed version stays named; never a silent new one
-                raise datastore.DataVersionMismatch(
-                    f"{folder} holds DAgger logs with md5 {md5}, not the version {dvc_file.name} names ({committed}): "
-                    f"restore it with `dvc checkout {path}`, or use another --tag")
+            md5 = datastore.add_checked(repo, path, committed, f"{folder}/ (the DAgger logs there now)",
+                                        f"Restore it with `dvc checkout {path}`, or use another --tag.")
             status, manifest = "present", json.loads((folder / f"dagger-{tag}.json").read_text())
             if manifest["settings"]["policy"] != policy or manifest["games"] != games:
                 raise ValueError(f"{path}/ holds {manifest['episodes']} episodes of {manifest['settings']['policy']}, "

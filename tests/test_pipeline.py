@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -296,9 +298,27 @@ def test_deployment_on_a_real_prefect_server_and_worker(first_run, tiny_release,
         assert a["parent_model_uri"].startswith("models:/evoharness-policy/")
         assert "candidate" in client.get_model_version("evoharness-policy", versions[1].version).aliases
         assert client.get_model_version_by_alias("evoharness-policy", "champion").version
+        # a stop during a run: the run is cancelled through Prefect and its MLflow runs closed as KILLED
+        third = subprocess.run(
+            [prefect, "--no-prompt", "deployment", "run", "evoharness-pipeline/weekly", "--param", f"profile={retrain}",
+             "--param", f"repo={pipeline_repo}", "--param", "limit=1"], cwd=root, env=api, capture_output=True,
+            text=True, timeout=120)
+        flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", third.stdout).group(1)
+        query = f"tags.prefect_flow_run_id = '{flow_run_id}'"
+        experiments = [e.experiment_id for e in client.search_experiments()]
+        deadline = time.time() + 300
+        while not client.search_runs(experiments, query) and time.time() < deadline:
+            time.sleep(2)
+        assert client.search_runs(experiments, query), "the third run never started its MLflow run"
+        stop = subprocess.run(["scripts/deploy.sh", "stop", str(state)], cwd=root, env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert re.search(f"flow run .* \\({flow_run_id}\\): Cancelled; MLflow runs closed as KILLED: \\w", stop.stdout), \
+            stop.stdout + stop.stderr
+        parent = client.search_runs(experiments, query)[0]
+        assert parent.info.status == "KILLED" and "deployments stopped" in parent.data.tags["killed_reason"]
     finally:
         stop = subprocess.run(["scripts/deploy.sh", "stop", str(state)], cwd=root, env=env, capture_output=True,
-                              text=True, timeout=120)
+                              text=True, timeout=300)
     assert stop.returncode == 0
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
@@ -312,7 +332,8 @@ def test_edited_logs_are_not_silently_a_new_version(git_repo, tiny_games):
     shard = git_repo / "data" / "logs" / "shard-00000.jsonl"
     shard.write_text(shard.read_text() + "\n")
     for _ in range(2):  # a retry must fail the same way, not accept the edit
-        with pytest.raises(DataVersionMismatch, match=f"not the version data.dvc names \\({first['md5']}\\)"):
+        with pytest.raises(DataVersionMismatch,
+                           match=f"data.dvc names md5 {first['md5']}, but .*data/ \\(the logs there now\\) has md5"):
             ensure_data(git_repo, TINY_COLLECT, tiny_games)
     assert (git_repo / "data.dvc").read_text() == before
 
