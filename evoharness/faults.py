@@ -119,6 +119,37 @@ def close_dead_runs(name: str, experiment_id: str, closer: str = "", client=None
     return closed
 
 
+def close_flow_run_runs(flow_run_id: str, reason: str, since_ms: int | None = None, client=None) -> list[str]:
+    """Close as KILLED the MLflow runs of a stopped Prefect flow run: those tagged ``prefect_flow_run_id =
+    flow_run_id`` (a flow's parent run, ``tasks.run.pipeline_run``) and the runs nested under them, at any depth,
+    that are still RUNNING, or that ended FAILED at or after ``since_ms`` (epoch ms: when the stop was asked; a flow
+    process ended by a signal fails the runs it holds open). Each gets a ``killed_reason`` tag: ``reason``. Returns
+    the ids closed."""
+    from mlflow import MlflowClient
+
+    client = client or MlflowClient()
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    status = "attributes.status = 'RUNNING'" if since_ms is None else "attributes.status != 'FINISHED'"
+    runs = client.search_runs(experiments, filter_string=status, max_results=5000)
+
+    def stopped(r) -> bool:
+        return r.info.status == "RUNNING" or (since_ms is not None and r.info.status == "FAILED"
+                                              and (r.info.end_time or 0) >= since_ms)
+
+    runs = [r for r in runs if stopped(r)]
+    todo = [r for r in runs if r.data.tags.get("prefect_flow_run_id") == flow_run_id]
+    closed: list[str] = []
+    while todo:
+        run = todo.pop()
+        if run.info.run_id in closed:
+            continue
+        client.set_tag(run.info.run_id, KILLED_REASON_TAG, reason)
+        client.set_terminated(run.info.run_id, status="KILLED")
+        closed.append(run.info.run_id)
+        todo += [r for r in runs if r.data.tags.get("mlflow.parentRunId") == run.info.run_id]
+    return closed
+
+
 # --- one writer per stage folder ---------------------------------------------------------------------------------
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Start a local Prefect server and a process worker on 127.0.0.1, and register the deployments of prefect.yaml.
 #   scripts/deploy.sh start [STATE_DIR]   (default state dir: .deploy, git-ignored; pids and logs live there)
-#   scripts/deploy.sh stop  [STATE_DIR]   stops exactly the server and worker that `start` recorded there
+#   scripts/deploy.sh stop  [STATE_DIR]   cancels the flow runs in flight (DRAIN=1: waits for them; STOP_TIMEOUT s),
+#                                          then stops exactly the server and worker that `start` recorded there
 # Environment: PREFECT_PORT (default 4200), PY (default .venv/bin/python).
 set -euo pipefail
 cmd=${1:?usage: deploy.sh start|stop [STATE_DIR]}
@@ -60,6 +61,13 @@ start)
   echo "run one:  PREFECT_API_URL=$PREFECT_API_URL $PREFECT deployment run evoharness-pipeline/weekly --watch"
   ;;
 stop)
+  # in-flight flow runs first, while the server and worker are up: cancelled through Prefect (DRAIN=1: waited for),
+  # their MLflow runs closed as KILLED with the reason
+  if [ -f "$state/api_url" ] && [ -f "$state/server.pid" ] && kill -0 "$(cat "$state/server.pid")" 2>/dev/null; then
+    PREFECT_API_URL=$(cat "$state/api_url") PREFECT_HOME="$state/home" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" \
+      "$PY" scripts/stop_flow_runs.py ${DRAIN:+--drain} ${STOP_TIMEOUT:+--timeout "$STOP_TIMEOUT"} \
+      || echo "stopping the in-flight flow runs failed (see above); stopping the worker and server anyway" >&2
+  fi
   stop_pid "$state/worker.pid"
   stop_pid "$state/server.pid"
   echo "stopped the Prefect worker and server recorded in $state"
