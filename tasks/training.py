@@ -17,6 +17,7 @@ from prefect.cache_policies import NO_CACHE
 from evoharness.alfworld_env import list_games
 from evoharness.config import PipelineConfig
 from evoharness.context import layout_of
+from evoharness.faults import writer_lock
 from evoharness.harness import ExperienceStore
 from evoharness.launch import accelerate_launch
 from evoharness.model import build_default_model, load_policy, num_parameters
@@ -79,7 +80,9 @@ def sft_task(cfg: PipelineConfig, traces: dict, work_dir: str, parent_run_id: st
     Cached on (trace hash, model and SFT settings, task source); a retried or re-run stage resumes from its
     checkpoints in the same folder."""
     out = sft_dir({"traces": traces, "cfg": cfg, "work_dir": work_dir})
-    with start_run("sft", parent_run_id, tags={"trace_hash": traces["content_hash"]}) as run:
+    # one writer from the first file on (the base model, the parent's copy); the launch inside takes it again
+    with writer_lock(out, what="sft stage"), start_run("sft", parent_run_id,
+                                                        tags={"trace_hash": traces["content_hash"]}) as run:
         base = cfg.model.path
         if parse_model_uri(base) is not None:
             parent = take_model(base, work_dir, dst=out / "parent")
@@ -199,7 +202,8 @@ def grpo_task(cfg: PipelineConfig, sft: dict, traces: dict, work_dir: str, paren
     g = cfg.grpo
     out = grpo_dir({"sft": sft, "cfg": cfg, "work_dir": work_dir})
     games = list_games(g.split, limit=g.num_games, offset=g.game_offset)
-    with start_run("grpo", parent_run_id, tags={"parent_model_run_id": sft["run_id"]}) as run:
+    with writer_lock(out, what="grpo stage"), start_run("grpo", parent_run_id,
+                                                         tags={"parent_model_run_id": sft["run_id"]}) as run:
         mlflow.log_params(
             {
                 **{f"grpo.{k}": v for k, v in dataclasses.asdict(g).items()},
