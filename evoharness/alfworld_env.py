@@ -104,6 +104,26 @@ settings and evaluations of ``--policy expert`` record it; logs without it were 
 Change the suffix whenever ``_tracking_moves`` changes: the label keys resumable folders and names data versions."""
 
 
+EXPERT_HASH_SEED = "0"
+
+
+@contextlib.contextmanager
+def pinned_hash_seed(seed: str = EXPERT_HASH_SEED):
+    """Set ``PYTHONHASHSEED`` to ``seed`` for the processes started inside (a spawned interpreter reads it when it
+    starts; this process's own hashing does not change), and restore it after. ALFWorld's handcoded expert breaks
+    ties between equal objects by set order, which depends on the string hash seed (``evoharness.collect``), so
+    processes that play the expert side by side must share it to make the same choices."""
+    before = os.environ.get("PYTHONHASHSEED")
+    os.environ["PYTHONHASHSEED"] = seed
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONHASHSEED", None)
+        else:
+            os.environ["PYTHONHASHSEED"] = before
+
+
 def import_environment() -> None:
     """Import TextWorld and ALFWorld (the modules an episode loads), e.g. as a worker pool's initializer, before
     any episode's alarm (``evoharness.collect``'s per-episode ``setitimer``) is set. An alarm that fired during

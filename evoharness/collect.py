@@ -31,7 +31,14 @@ import signal
 import time
 from pathlib import Path
 
-from evoharness.alfworld_env import EXPERT, ALFWorldEnv, import_environment, list_games, task_type_of
+from evoharness.alfworld_env import (
+    EXPERT,
+    ALFWorldEnv,
+    import_environment,
+    list_games,
+    pinned_hash_seed,
+    task_type_of,
+)
 from evoharness.config import CollectConfig
 
 
@@ -154,26 +161,15 @@ def _worker(args):
     return game, records, stats
 
 
-EXPERT_HASH_SEED = "0"
-
-
 @contextlib.contextmanager
 def expert_pool(processes: int, **pool_kwargs):
     """A ``multiprocessing`` pool whose workers run with ``PYTHONHASHSEED=EXPERT_HASH_SEED``, whatever this process's
     hash seed, so ALFWorld's handcoded expert makes the same choices in every run (module docstring). Workers are
     started with ``spawn`` (a forked worker keeps its parent's hash seed, and the seed is read only at interpreter
-    start); the variable is set while the pool lives, since ``maxtasksperchild`` starts new workers along the way,
-    and restored after. ``pool_kwargs`` go to ``Pool`` (initializer, maxtasksperchild, ...)."""
-    before = os.environ.get("PYTHONHASHSEED")
-    os.environ["PYTHONHASHSEED"] = EXPERT_HASH_SEED
-    try:
-        with mp.get_context("spawn").Pool(processes, **pool_kwargs) as pool:
-            yield pool
-    finally:
-        if before is None:
-            os.environ.pop("PYTHONHASHSEED", None)
-        else:
-            os.environ["PYTHONHASHSEED"] = before
+    start); the variable is set while the pool lives (``pinned_hash_seed``), since ``maxtasksperchild`` starts new
+    workers along the way. ``pool_kwargs`` go to ``Pool`` (initializer, maxtasksperchild, ...)."""
+    with pinned_hash_seed(), mp.get_context("spawn").Pool(processes, **pool_kwargs) as pool:
+        yield pool
 
 
 def profile_games(cfg: CollectConfig, data_dir: str | None = None) -> list[str]:

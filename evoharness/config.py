@@ -475,6 +475,12 @@ class EvalConfig:
     environment in a child process replaced every ``env_recycle_every`` episodes. Greedy outcomes equal one
     episode at a time up to float reduction order and what each episode recalls from lessons the others noted.
     1: one episode at a time, in this process.
+
+    ``task_runner``: where the ``workers`` shards run. ``processes``: a local pool of spawned processes that end
+    with the evaluation. ``dask``: Prefect tasks on Prefect's ``DaskTaskRunner`` (``prefect-dask``), a local cluster
+    of ``workers`` single-threaded worker processes, or the running cluster at ``dask_address``
+    (``tcp://host:8786``), whose workers must see this checkout, the games and the work folder at the same paths.
+    The shards and what they play are the same either way; neither is part of an evaluation's identity.
     """
 
     split: str = "valid_seen"
@@ -490,11 +496,14 @@ class EvalConfig:
     ground_track: bool = False
     batch_episodes: int = 1
     env_recycle_every: int = 50
+    task_runner: str = "processes"
+    dask_address: str = ""
 
     # fields added after evaluations were recorded, with the value those evaluations had: a setting at this value is
     # left out of an evaluation's identity, so older folders still resume and older MLflow runs are still reused
     IMPLICIT = {"workers": 1, "act_each_turn": False, "ground_track": False, "batch_episodes": 1}
-    OPERATIONAL = ("env_recycle_every",)  # how the games are run, never what they give: not in the identity
+    # how the games are run, never what they give: not in the identity
+    OPERATIONAL = ("env_recycle_every", "task_runner", "dask_address")
 
     def identity(self) -> dict:
         """The settings that make two evaluations comparable (``dataclasses.asdict`` less ``IMPLICIT`` values)."""
@@ -508,6 +517,8 @@ class EvalConfig:
             raise ValueError(f"evaluate.batch_episodes is {self.batch_episodes}; use 1 or more episodes at once")
         if self.decoding not in ("remap", "score"):
             raise ValueError(f"evaluate.decoding is {self.decoding!r}; use 'remap' or 'score'")
+        if self.task_runner not in ("processes", "dask"):
+            raise ValueError(f"evaluate.task_runner is {self.task_runner!r}; use 'processes' or 'dask'")
 
 
 @dataclass

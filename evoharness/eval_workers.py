@@ -5,7 +5,10 @@ Worker k of W plays ``games[k::W]`` in order into ``<out>/shard-k-of-W/``, a fol
 evaluation folder (``evoharness.play.play_games``); each game keeps the seed and workspace name of its position
 in the whole list. The shards' rows are then written to ``<out>/transcripts.jsonl`` in game order. What a policy
 recalls from Experience, and ``random``'s draws, depend on the episodes played before in the same process, so
-those can differ from a one-process evaluation; the expert's episodes do not (``tests/test_evaluate_workers.py``).
+those can differ from a one-process evaluation; the expert's outcomes do not (``tests/test_evaluate_workers.py``).
+The shards' processes start with the string hash seed pinned (``alfworld_env.pinned_hash_seed``), so the expert
+breaks ties between equal objects the same way in every shard, whichever executor runs them: a local process pool,
+or Prefect tasks on a Dask cluster (``run_shards``, ``evaluate.task_runner``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from evoharness.alfworld_env import pinned_hash_seed
 from evoharness.config import CostConfig, EvalConfig, TraceConfig
 
 
@@ -35,11 +39,13 @@ def _exit_with_parent(parent: int, poll_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
-def _shard(args: tuple) -> tuple[list[dict], dict]:
-    """Worker: play one shard (``play_games``) and return its rows as dicts (picklable) and its stats."""
+def play_shard(args: tuple) -> tuple[list[dict], dict]:
+    """Worker: play one shard (``play_games``) and return its rows as dicts (picklable) and its stats. ``args`` is
+    one job of ``evaluate_sharded``, plain data only, so any executor can ship it to a process of its own."""
     (policy, games, indices, cfg_dict, cost_dict, out, experience_path, data_dir, workspace_dict, identity,
      label, threads, quiet, parent) = args
-    _exit_with_parent(parent)
+    if parent is not None:  # a process of our own pool; a cluster's workers are its own to end
+        _exit_with_parent(parent)
     import torch
 
     from evoharness.play import play_games
@@ -60,10 +66,15 @@ def _cores() -> int:
 
 def evaluate_sharded(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig, out: Path,
                      experience_path: str | None, data_dir: str | None, progress,
-                     workspace_cfg: TraceConfig | None, identity: str | None) -> tuple[list, dict]:
+                     workspace_cfg: TraceConfig | None, identity: str | None,
+                     run_shards=None) -> tuple[list, dict]:
     """Play ``games`` in ``min(cfg.workers, len(games))`` processes (module docstring); returns the
     ``EpisodeResult`` of each game in ``games`` order and the shards' stats (``resumed_episodes`` and
     ``forced_acts`` summed; ``wall_s`` from the workers' start to the last one's end).
+
+    ``run_shards``: how the shards run, a callable taking the list of jobs and returning ``play_shard(job)`` of
+    each, in order (e.g. Prefect tasks on a Dask cluster: ``tasks.evaluation``). None: a local pool of spawned
+    processes that end with this one. The shards, their folders and what they return are the same either way.
 
     An MLflow model URI is downloaded once, here, into ``<out>/model_cache``; the workers load the local folder,
     while the evaluation's identity stays the URI. Each worker prints its progress lines (``[evaluate
@@ -86,12 +97,18 @@ def evaluate_sharded(policy: str, games: list[str], cfg: EvalConfig, cost: CostC
         jobs.append((local, [games[i] for i in idx], idx, dataclasses.asdict(cfg), dataclasses.asdict(cost),
                      str(out / f"shard-{k}-of-{workers}"), experience_path, data_dir,
                      dataclasses.asdict(workspace_cfg) if workspace_cfg else None, identity or policy,
-                     f"evaluate shard-{k}-of-{workers}", threads, progress is None, os.getpid()))
+                     f"evaluate shard-{k}-of-{workers}", threads, progress is None,
+                     os.getpid() if run_shards is None else None))
     if progress:
-        progress(f"[evaluate] {len(games)} games in {workers} processes ({threads} thread(s) each), shards under {out}")
+        where = "processes" if run_shards is None else "cluster tasks"
+        progress(f"[evaluate] {len(games)} games in {workers} {where} ({threads} thread(s) each), shards under {out}")
     t0 = time.time()
-    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
-        shards = list(pool.map(_shard, jobs))
+    with pinned_hash_seed():  # the expert's choices are the same in every shard's process
+        if run_shards is not None:
+            shards = list(run_shards(jobs))
+        else:
+            with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+                shards = list(pool.map(play_shard, jobs))
     results: list = [None] * len(games)
     for (rows, _), idx in zip(shards, shard_indices):
         for i, row in zip(idx, rows):  # by position: a game listed twice keeps both episodes

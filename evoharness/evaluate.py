@@ -73,7 +73,8 @@ def summarize(results, split: str, games_total: int) -> dict:
 
 def evaluate(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig, out_dir: str | Path,
              experience_path: str | None = None, data_dir: str | None = None, games_total: int | None = None,
-             progress=print, workspace_cfg: TraceConfig | None = None, identity: str | None = None) -> dict:
+             progress=print, workspace_cfg: TraceConfig | None = None, identity: str | None = None,
+             run_shards=None) -> dict:
     """Play each game once with ``policy``; write ``transcripts.jsonl`` and return the summary dict.
 
     ``experience_path``: an Experience store to start from (copied, so evaluation never changes it).
@@ -89,11 +90,12 @@ def evaluate(policy: str, games: list[str], cfg: EvalConfig, cost: CostConfig, o
     (``environment_failed``); ``resumed_episodes`` in the summary counts the kept ones. Each episode is appended as
     it ends, and the file is rewritten in game order at the end. The folder's Experience store is kept too, with
     any notes the interrupted episode wrote; ``forced_acts`` and ``wall_s`` count this session only. Raises
-    ValueError when ``out_dir`` holds another policy's or other settings' evaluation.
+    ValueError when ``out_dir`` holds another policy's or other settings' evaluation. ``run_shards``: how the
+    shards of a ``workers`` > 1 evaluation run (``evaluate_sharded``; None: local processes).
     """
     if cfg.workers > 1 and len(games) > 1:
         results, stats = evaluate_sharded(policy, games, cfg, cost, Path(out_dir), experience_path, data_dir,
-                                          progress, workspace_cfg, identity)
+                                          progress, workspace_cfg, identity, run_shards)
     else:
         results, stats = play_games(policy, games, cfg, cost, Path(out_dir), experience_path, data_dir, progress,
                                     workspace_cfg, identity)

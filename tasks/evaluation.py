@@ -6,11 +6,12 @@ import json
 from pathlib import Path
 
 import mlflow
-from prefect import get_run_logger, task
+from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from evoharness.alfworld_env import list_games
 from evoharness.config import CostConfig, EvalConfig, TraceConfig
+from evoharness.eval_workers import play_shard
 from evoharness.evaluate import evaluate, spread
 from evoharness.registry import (
     alias_version,
@@ -24,6 +25,34 @@ from evoharness.registry import (
 from evoharness.release import ReleaseError, is_release, read_release, record_evaluation, register_release
 from evoharness.tracking import flat, log_and_register, log_trace_dataset, start_run
 from tasks.caching import RETRY, transient_only
+
+
+@task(name="evaluate-shard", cache_policy=NO_CACHE)
+def evaluate_shard_task(job: list) -> tuple[list[dict], dict]:
+    """One evaluation shard (``evoharness.eval_workers.play_shard``: its games played into its own folder) as a
+    Prefect task, run by a worker of the flow's task runner."""
+    return play_shard(tuple(job))
+
+
+@flow(name="evaluate-shards")
+def evaluate_shards_flow(jobs: list) -> list:
+    """Submit every shard to this flow's task runner at once and return their results in job order."""
+    futures = [evaluate_shard_task.submit(job) for job in jobs]
+    return [f.result() for f in futures]
+
+
+def shard_runner(cfg: EvalConfig):
+    """``run_shards`` for ``evoharness.evaluate.evaluate`` under ``cfg.task_runner``: None (a local process pool)
+    for ``processes``; for ``dask``, the shards as Prefect tasks on ``prefect_dask.DaskTaskRunner``: a local
+    cluster of ``cfg.workers`` single-threaded worker processes, or the cluster at ``cfg.dask_address``."""
+    if cfg.task_runner != "dask":
+        return None
+    from prefect_dask import DaskTaskRunner
+
+    runner = (DaskTaskRunner(address=cfg.dask_address) if cfg.dask_address else DaskTaskRunner(
+        cluster_kwargs={"n_workers": cfg.workers, "threads_per_worker": 1, "processes": True,
+                        "dashboard_address": None}))
+    return lambda jobs: evaluate_shards_flow.with_options(task_runner=runner)([list(j) for j in jobs])
 
 
 @task(
@@ -67,6 +96,7 @@ def evaluate_task(
             progress=log.info,
             workspace_cfg=workspace_cfg,
             identity=model_uri or policy,
+            run_shards=shard_runner(cfg),
         )
         mlflow.log_metrics(flat("", {k: v for k, v in summary.items() if k not in ("errors", "won_by_game")}))
         mlflow.log_dict(summary | {"games": games}, "summary.json")

@@ -113,3 +113,29 @@ def test_workers_of_a_killed_evaluation_exit_and_a_rerun_resumes(tmp_path):
     summary = evaluate("expert", games, cfg, CostConfig(), out, progress=None)
     assert summary["episodes"] == len(games) and summary["resumed_episodes"] == kept
     assert [r["game"] for r in rows(out / "transcripts.jsonl")] == games
+
+
+@pytest.mark.slow
+def test_a_local_two_worker_dask_cluster_plays_what_one_process_plays(tmp_path):
+    """`evaluate.task_runner: dask`: the evaluation flow's shards run as Prefect tasks on a local Dask cluster of 2
+    worker processes (prefect-dask's DaskTaskRunner) and give the rows and per-game outcomes of one process."""
+    from conftest import make_git_repo
+    from flows.evaluate import evaluate_flow
+
+    repo = make_git_repo(tmp_path / "repo")  # its own MLflow store
+    kw = {"split": "valid_train", "limit": 4, "profile": "tiny", "repo": str(repo)}
+    steps = "evaluate.max_env_steps=50"  # tiny's budget is a few steps: the expert needs room to win
+    one = evaluate_flow("expert", work_dir=str(tmp_path / "one"), overrides=[steps], **kw)
+    pool = evaluate_flow("expert", work_dir=str(tmp_path / "pool"), overrides=[steps, "evaluate.workers=2"], **kw)
+    two = evaluate_flow("expert", work_dir=str(tmp_path / "dask"), overrides=[
+        steps, "evaluate.task_runner=dask", "evaluate.workers=2"], **kw)
+    assert len(one["won_by_game"]) == 4 and sum(one["won_by_game"].values()) >= 2
+    # per game: the outcome and steps of one process (the expert may take another of two equal objects: its ties
+    # follow the process's string hash seed, which the shards pin and the test process does not)
+    assert two["won_by_game"] == one["won_by_game"] and two["mean_steps"] == one["mean_steps"]
+    folder = tmp_path / "dask" / "evaluate-valid_train"
+    assert rows(folder / "transcripts.jsonl") == rows(tmp_path / "pool" / "evaluate-valid_train" / "transcripts.jsonl")
+    assert sorted(p.name for p in folder.glob("shard-*")) == ["shard-0-of-2", "shard-1-of-2"]
+    with pytest.raises(ValueError, match="evaluate.task_runner is 'ray'"):
+        EvalConfig(task_runner="ray")
+    assert "task_runner" not in dataclasses.replace(CFG, task_runner="dask").identity()
