@@ -23,7 +23,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from evoharness.alfworld_env import pinned_hash_seed
+from evoharness.alfworld_env import EXPERT_HASH_SEED, pinned_hash_seed
 from evoharness.config import CostConfig, EvalConfig, TraceConfig
 
 
@@ -55,6 +55,32 @@ def play_shard(args: tuple) -> tuple[list[dict], dict]:
                                 experience_path, data_dir, None if quiet else functools.partial(print, flush=True),
                                 TraceConfig(**workspace_dict) if workspace_dict else None, identity, indices, label)
     return [r.__dict__ for r in results], stats
+
+
+def play_shard_in_subprocess(args: tuple) -> tuple[list[dict], dict]:
+    """``play_shard`` in a fresh interpreter (``python -m evoharness.eval_workers JOB RESULT``) started with the
+    expert's hash seed (``pinned_hash_seed``), which ends with the calling process: for executors whose own worker
+    processes carry another seed (Dask's nannies replace 0 with 6640) or may not start children of their own
+    (daemonic workers). The job and the result travel as JSON files in the shard's folder. Raises RuntimeError with
+    the command's last output lines when it fails."""
+    import subprocess
+    import sys
+
+    job = list(args)
+    job[-1] = os.getpid()  # the child ends with this process
+    folder = Path(job[5])
+    folder.mkdir(parents=True, exist_ok=True)
+    job_file, result_file = folder / "job.json", folder / "result.json"
+    job_file.write_text(json.dumps(job))
+    result_file.unlink(missing_ok=True)
+    proc = subprocess.run([sys.executable, "-m", "evoharness.eval_workers", str(job_file), str(result_file)],
+                          env=os.environ | {"PYTHONHASHSEED": EXPERT_HASH_SEED}, stderr=subprocess.PIPE, text=True)
+    if proc.returncode or not result_file.exists():  # its progress lines went to this process's stdout
+        tail = "\n".join(proc.stderr.strip().splitlines()[-8:])
+        raise RuntimeError(f"evaluation shard {folder} failed (exit {proc.returncode}); the episodes it finished are "
+                           f"kept there and a re-run resumes them:\n{tail}")
+    rows, stats = json.loads(result_file.read_text())
+    return rows, stats
 
 
 def _cores() -> int:
@@ -118,3 +144,10 @@ def evaluate_sharded(policy: str, games: list[str], cfg: EvalConfig, cost: CostC
     write_atomic(out / "evaluation.json", json.dumps(ident))  # first: rows without it would be refused
     write_atomic(out / "transcripts.jsonl", "".join(json.dumps(r.__dict__) + "\n" for r in results))
     return results, stats
+
+
+if __name__ == "__main__":  # play_shard_in_subprocess's child: python -m evoharness.eval_workers JOB RESULT
+    import sys
+
+    _rows, _stats = play_shard(tuple(json.loads(Path(sys.argv[1]).read_text())))
+    Path(sys.argv[2]).write_text(json.dumps([_rows, _stats]))

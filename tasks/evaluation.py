@@ -11,7 +11,7 @@ from prefect.cache_policies import NO_CACHE
 
 from evoharness.alfworld_env import list_games
 from evoharness.config import CostConfig, EvalConfig, TraceConfig
-from evoharness.eval_workers import play_shard
+from evoharness.eval_workers import play_shard_in_subprocess
 from evoharness.evaluate import evaluate, spread
 from evoharness.registry import (
     alias_version,
@@ -29,9 +29,10 @@ from tasks.caching import RETRY, transient_only
 
 @task(name="evaluate-shard", cache_policy=NO_CACHE)
 def evaluate_shard_task(job: list) -> tuple[list[dict], dict]:
-    """One evaluation shard (``evoharness.eval_workers.play_shard``: its games played into its own folder) as a
-    Prefect task, run by a worker of the flow's task runner."""
-    return play_shard(tuple(job))
+    """One evaluation shard (its games played into its own folder) as a Prefect task, run by a worker of the flow's
+    task runner, in a child process of that worker with the expert's hash seed
+    (``evoharness.eval_workers.play_shard_in_subprocess``)."""
+    return play_shard_in_subprocess(tuple(job))
 
 
 @flow(name="evaluate-shards")
