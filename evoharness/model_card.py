@@ -102,6 +102,8 @@ def render_card(release: dict, summary: dict) -> str:
     ]
     lines += [f"| {t} | {n} | {w} | {_pct(s)} |" for t, n, w, s in results_rows(summary)]
     meta = summary["meta_actions_per_episode"]
+    by_type = [(s, t) for t, n, w, s in results_rows(summary) if t != "All" and n]
+    weakest = f" ({min(by_type)[1]} is its weakest task type here)" if by_type else ""
     lines += [
         "",
         "Per episode:",
@@ -120,8 +122,9 @@ def render_card(release: dict, summary: dict) -> str:
         "## Limitations",
         "",
         "- A 3M-parameter model trained from scratch on ALFWorld's handcoded expert: it knows these text games only, "
-        "and inherits the expert's weaknesses (Pick Two is its weakest task type).",
-        "- Figures are for one training seed; see the project's docs for the spread between seeds.",
+        f"and inherits the expert's weaknesses{weakest}.",
+        f"- Figures are for one training seed (`{lin.get('profile')}`); the spread between seeds of the same recipe is "
+        "in the project's `docs/experiments/`.",
         "- Greedy choices can differ between CPUs (float kernels, bf16 or fp32 training): an evaluation on another "
         "machine can differ by a few games.",
         "",
