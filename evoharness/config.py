@@ -373,6 +373,12 @@ class GRPOStageConfig(TrainingRuntime):
             al. 2025, arXiv:2505.10978), with ``gigpo_gamma`` (discount of step returns) and ``gigpo_omega`` (weight
             of the step-level term): the paper's 0.95 and 1.
         max_steps: optimizer steps.
+        micro_batch_size: samples per forward and backward pass; 0: a process's whole step at once. A step's
+            samples (``prompts_per_step / num_processes`` groups per process) are split into passes of this many, the
+            gradient accumulated over them, so a step is still one optimizer update on one generation batch (TRL's
+            ``gradient_accumulation_steps`` and ``steps_per_generation``). Memory grows with it: every turn of 8
+            episodes (``turns_per_group: 480``) in one pass of the 3.4M-parameter model took over 12 GiB per
+            process. Must divide a process's samples per step.
         max_env_steps / max_meta_actions: per-episode budgets during rollouts.
         ground_track: ``turn`` context: a rollout's ``track`` names are drawn over the latest observation's names (at
             the rollout temperature, from the softmax of their log-likelihoods), as ``evaluate.ground_track`` plays
@@ -413,6 +419,7 @@ class GRPOStageConfig(TrainingRuntime):
     gigpo_omega: float = 1.0
     prompts_per_step: int = 2
     max_steps: int = 4
+    micro_batch_size: int = 0
     max_env_steps: int = 20
     max_meta_actions: int = 12
     max_new_tokens: int = 48
@@ -442,6 +449,8 @@ class GRPOStageConfig(TrainingRuntime):
         if self.advantage == "gigpo" and not self.turns_per_group:
             raise ValueError("grpo.advantage: gigpo needs grpo.turns_per_group > 0 (every turn a sample, each with "
                              "its own advantage)")
+        if self.micro_batch_size < 0:
+            raise ValueError(f"grpo.micro_batch_size is {self.micro_batch_size}: use 0 (a whole step) or more")
         if not 0 < self.gigpo_gamma <= 1:
             raise ValueError(f"grpo.gigpo_gamma is {self.gigpo_gamma}: use a value in (0, 1]")
 

@@ -75,12 +75,18 @@ def train_grpo(model_path: str, games: list[str], output_dir: str, cfg: GRPOStag
     own_advantages = turn and cfg.turns_per_group > 0  # rollouts.advantage_samples computes them per turn
     group = (cfg.turns_per_group if own_advantages
              else cfg.num_generations * (cfg.turns_per_episode if turn else 1))  # samples per game per step
+    per_process = cfg.prompts_per_step // world * group  # samples a process trains on per step
+    micro = cfg.micro_batch_size or per_process
+    if per_process % micro:
+        raise ValueError(f"grpo.micro_batch_size ({micro}) does not divide the {per_process} samples each process "
+                         f"trains on per step ({cfg.prompts_per_step // world} group(s) of {group}): pick a divisor")
     on_gpu = torch.cuda.is_available()
     if cfg.use_vllm and not (on_gpu and turn):
         raise ValueError("grpo.use_vllm needs CUDA GPUs (vLLM colocate mode) and the turn context; set it to false")
     args = GRPOConfig(
-        output_dir=str(ckpt_dir), per_device_train_batch_size=cfg.prompts_per_step // world * group,
-        gradient_accumulation_steps=1, num_generations=group, max_steps=cfg.max_steps,
+        output_dir=str(ckpt_dir), per_device_train_batch_size=micro,
+        gradient_accumulation_steps=per_process // micro, steps_per_generation=per_process // micro,
+        num_generations=group, max_steps=cfg.max_steps,
         learning_rate=cfg.learning_rate, beta=cfg.beta, temperature=max(cfg.temperature, 1e-3),
         scale_rewards="none" if own_advantages else "group",  # advantages computed per turn are used as they are
         max_completion_length=model.config.max_position_embeddings, logging_steps=1,

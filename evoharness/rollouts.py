@@ -235,7 +235,7 @@ class TurnRollouts(_Rollouts):
                 if self.cfg.turns_per_group:
                     samples, values, n_dropped = advantage_samples(episodes, self.cfg, pad,
                                                                    self.episode_seed(g * self.cfg.num_generations))
-                    dropped, trained = dropped + n_dropped, trained + sum(v is not None for v in values) - 1
+                    dropped, trained = dropped + n_dropped, trained + sum(t is not pad for t in samples)
                 else:
                     samples, values = [], []
                     for e, (res, turns) in enumerate(episodes):
@@ -274,16 +274,16 @@ def vllm_generate_fn(trainer):
 
 
 def advantage_samples(episodes: list[tuple], cfg: GRPOStageConfig, pad: dict,
-                      seed: int) -> tuple[list[dict], list[float | None], int]:
+                      seed: int) -> tuple[list[dict], list[float], int]:
     """One group's GRPO samples when every turn is trained (``grpo.turns_per_group``): each recorded turn of the
     group's episodes with its own advantage (``evoharness.advantages.turn_advantages`` under ``grpo.advantage``).
 
     ``episodes``: (``EpisodeResult``, its recorded turns) per episode of one game. ``pad``: a masked sample (nothing
     to learn from) that fills the group to ``turns_per_group`` rows. Returns (samples, values, dropped): ``values``
     are what the reward function hands TRL, which subtracts the group's mean and, with ``scale_rewards="none"``,
-    nothing else: the turns' advantages, then one pad row holding minus their sum (so the mean over the rows that
-    have a value is 0 and TRL's baseline changes nothing), then None for the other pad rows (TRL leaves rows without
-    a reward out of the mean and gives them advantage 0). When the turns exceed ``turns_per_group - 1``, that many
+    nothing else: the turns' advantages, then one pad row holding minus their sum, then 0 for the other pad rows, so
+    the group's mean is 0 and TRL's baseline changes nothing; the pad rows are masked, so their advantage trains
+    nothing. (None would also be left out of TRL's mean, but TRL warns about every such row at every step.) When the turns exceed ``turns_per_group - 1``, that many
     are drawn uniformly (``seed``) and ``dropped`` counts the rest."""
     from evoharness.advantages import turn_advantages
 
@@ -297,7 +297,7 @@ def advantage_samples(episodes: list[tuple], cfg: GRPOStageConfig, pad: dict,
         rows = [rows[i] for i in sorted(random.Random(seed).sample(range(len(rows)), room))]
     n_pad = cfg.turns_per_group - len(rows)
     samples = [t for t, _ in rows] + [pad] * n_pad
-    values = [a for _, a in rows] + [-sum(a for _, a in rows)] + [None] * (n_pad - 1)
+    values = [a for _, a in rows] + [-sum(a for _, a in rows)] + [0.0] * (n_pad - 1)
     return samples, values, dropped
 
 

@@ -58,11 +58,10 @@ def _turn(anchor, tag):
 
 
 def _trl_advantages(values):
-    """TRL's GRPOTrainer with scale_rewards="none": the reward less the mean over the rows that have one; rows
-    without a reward get 0 (trl/trainer/grpo_trainer.py, `_generate_and_score_completions`)."""
-    scored = [v for v in values if v is not None]
-    mean = sum(scored) / len(scored)
-    return [0.0 if v is None else v - mean for v in values]
+    """TRL's GRPOTrainer with scale_rewards="none": the reward less the group's mean
+    (trl/trainer/grpo_trainer.py, `_generate_and_score_completions`)."""
+    mean = sum(values) / len(values)
+    return [v - mean for v in values]
 
 
 def test_advantage_samples_hand_trl_the_turn_advantages_unchanged():
@@ -75,7 +74,7 @@ def test_advantage_samples_hand_trl_the_turn_advantages_unchanged():
     assert [s["prompt_ids"][0] for s in samples] == [1, 2, 3, 4, 5, 0, 0, 0]
     expected = [R2, R2, -R2, -1 / R2, -R2]
     assert values[:5] == pytest.approx(expected, abs=1e-5)
-    assert values[5] == pytest.approx(-sum(expected), abs=1e-5) and values[6:] == [None, None]
+    assert values[5] == pytest.approx(-sum(expected), abs=1e-5) and values[6:] == [0.0, 0.0]
     assert _trl_advantages(values)[:5] == pytest.approx(expected, abs=1e-5)
 
 

@@ -787,13 +787,15 @@ def test_lesson_turns_show_a_recalls_lessons_until_the_next_command_in_traces_an
 @pytest.mark.slow
 def test_grpo_trains_every_turn_with_gigpo_advantages_on_a_real_game(turn_model, tmp_path):
     """`grpo.turns_per_group` with `grpo.advantage: gigpo`: a real GRPO step on a train game, every recorded turn of
-    the group's two episodes a sample (none dropped), each turn recorded with its anchor state."""
+    the group's two episodes a sample (none dropped), each turn recorded with its anchor state; the step trains in
+    passes of 8 samples (gradient accumulation)."""
     from evoharness.config import GRPOStageConfig
     from evoharness.rollouts import TurnRollouts
 
     game = list_games("train", limit=1, offset=1000)
     cfg = GRPOStageConfig(num_generations=2, prompts_per_step=1, max_steps=1, max_env_steps=3, max_meta_actions=2,
-                          max_new_tokens=16, turns_per_group=24, advantage="gigpo", ground_track=True)
+                          max_new_tokens=16, turns_per_group=24, advantage="gigpo", ground_track=True,
+                          micro_batch_size=8)  # 3 passes of 8 samples, one optimizer update
     spec = {"model_path": turn_model, "games": game, "output_dir": str(tmp_path / "grpo"),
             "experience_path": str(tmp_path / "exp.db"), "grpo": dataclasses.asdict(cfg),
             "cost": dataclasses.asdict(CostConfig()), "traces": dataclasses.asdict(PARALLEL)}
