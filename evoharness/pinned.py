@@ -63,6 +63,34 @@ def remote_state(repo: str | Path) -> tuple[str | None, bool]:
     return url, local.is_dir()
 
 
+def read_failure_hint(repo: str | Path, rev: str | None, target: str) -> str:
+    """What a failed read of ``<target>/`` at ``rev`` through DVC should tell the user: the md5 the rev's
+    ``<target>.dvc`` names, whether the local cache (and which folder) holds it, and the default remote (and whether
+    it exists), with the next step. Never raises: a part it cannot find is said as unknown."""
+    try:
+        md5 = dvc_md5(repo, rev, f"{target}.dvc")
+    except Exception:
+        md5 = None
+    if not md5:
+        return f"{target}.dvc names no version at rev {rev or 'workspace'}: collect the data (make collect) first."
+    try:
+        cache = str(_cache_dir(Path(repo)).parent.parent)
+        cached = "holds it" if in_cache(repo, md5) else "does not hold it"
+    except Exception:
+        cache, cached = "unknown", "unknown"
+    try:
+        url, exists = remote_state(repo)
+    except Exception:
+        url, exists = None, False
+    remote = ("no default DVC remote is configured" if url is None
+              else f"default remote {url} ({'exists' if exists else 'does not exist on this machine'})")
+    point = ("`dvc remote add -d store PATH_OR_URL`" if url is None
+             else "`dvc remote modify --local NAME url PATH_OR_URL` (NAME: `dvc remote list`)")
+    return (f"{target}.dvc at rev {rev or 'workspace'} names md5 {md5}; the DVC cache {cache} {cached}; {remote}. "
+            f"Point a remote at the store that has it ({point}) and `dvc pull {target}`, or re-run the collect stage "
+            f"(it regenerates a pinned version with that rev's code).")
+
+
 def _fetch(repo: Path, rev: str, target: str) -> bool:
     from dvc.repo import Repo
 

@@ -118,6 +118,9 @@ def read_episodes(repo: str | Path, rev: str | None = None, path: str = "data/lo
         shards = sorted(p for p in fs.find(path) if p.endswith(".jsonl"))
     except FileNotFoundError:
         shards = []
+    except Exception as exc:  # DVC's own errors (e.g. DataIndexDirError when the cache lacks the listing)
+        raise FileNotFoundError(f"{path}/ at rev {rev or 'workspace'} could not be listed through DVC "
+                                f"({type(exc).__name__}: {exc}); run `dvc pull` or re-run collection") from exc
     if not shards:
         raise FileNotFoundError(f"no raw logs under {path}/ in {repo} at rev {rev or 'workspace'}")
     episodes: list[Episode] = []

@@ -97,7 +97,10 @@ def ingest_task(repo: str, data_rev: str | None, parent_run_id: str, on_error: s
     quarantine = [] if on_error == "quarantine" else None
     tags = {"data_rev": data_rev or "workspace", "on_error": on_error, "data_path": data_path}
     with start_run("ingest", parent_run_id, tags=tags):
-        episodes, md5 = rawlog.read_episodes(repo, data_rev, f"{data_path}/logs", quarantine=quarantine)
+        try:
+            episodes, md5 = rawlog.read_episodes(repo, data_rev, f"{data_path}/logs", quarantine=quarantine)
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"{exc}. {pinned.read_failure_hint(repo, data_rev, data_path)}") from exc
         mlflow.set_tag("dvc_md5", md5)
         mlflow.MlflowClient().set_tag(parent_run_id, "dvc_md5", md5)
         mlflow.MlflowClient().set_tag(parent_run_id, "data_path", data_path)

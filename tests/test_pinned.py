@@ -96,3 +96,17 @@ def test_a_version_nothing_can_produce_is_named_with_the_remote_and_what_to_do(v
     assert md5 in str(err.value) and "has no profile 'no-such-profile'" in str(err.value)
     with pytest.raises(DataVersionUnavailable, match="data-other.dvc not found at rev"):
         ensure_version_at(fresh, rev, "data-other", "pin")
+
+
+def test_a_failed_read_names_the_version_the_cache_and_the_remote(versions):
+    """The ingest stage's message when DVC cannot read a pinned rev's logs (tasks.data.ingest_task adds the hint)."""
+    from evoharness.pinned import read_failure_hint
+
+    fresh, (rev, md5) = versions["fresh"], versions["new"]
+    shutil.rmtree(versions["proj"].parent / "gone", ignore_errors=True)
+    with pytest.raises(FileNotFoundError, match=f"at rev {rev}.*dvc pull"):
+        read_episodes(fresh, rev, "data-pin/logs")
+    hint = read_failure_hint(fresh, rev, "data-pin")
+    assert f"names md5 {md5}" in hint and "does not hold it" in hint
+    assert f"{versions['proj'].parent / 'gone'} (does not exist on this machine)" in hint
+    assert "dvc remote modify --local NAME url" in hint and "dvc pull data-pin" in hint
