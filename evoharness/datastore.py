@@ -15,6 +15,7 @@ version is then pushed there (``dvc push``), so another clone on this machine pu
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -31,6 +32,9 @@ class DataVersionMismatch(RuntimeError):
 
 def _quiet_env() -> None:
     os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+    # `dvc add` tells a CLI user to `git add` the .dvc file (at INFO, every run, even when unchanged): the pipeline's
+    # summary names the md5 and committing the .dvc file is the user's release step, so the hint is noise here
+    logging.getLogger("dvc.repo.scm_context").setLevel(logging.WARNING)
 
 
 def ensure_dvc_repo(repo: str | Path) -> None:

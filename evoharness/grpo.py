@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import warnings
 from pathlib import Path
 
 from evoharness.config import CostConfig, GRPOStageConfig, TraceConfig
@@ -59,6 +60,9 @@ def train_grpo(model_path: str, games: list[str], output_dir: str, cfg: GRPOStag
     from evoharness.model import load_policy, lora_config, save_final
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    # TRL reads transformers' deprecated `is_gradient_checkpointing` whenever it unwraps the model to generate
+    # (trl/models/utils.py); nothing a user can change, so its FutureWarning is not shown
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
     world = int(os.environ.get("WORLD_SIZE", "1"))  # set by accelerate launch (torchrun); before any Accelerator
     if cfg.prompts_per_step % world:
         raise ValueError(f"grpo.prompts_per_step ({cfg.prompts_per_step}) is not a multiple of the {world} "
