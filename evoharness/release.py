@@ -263,13 +263,14 @@ def register_release(path: str | Path, registered_name: str, parent_run_id: str 
     return info | {"registered": True}
 
 
-def record_evaluation(path: str | Path, registered_name: str, version: str, split: str, limit: int = 0,
-                      parent_run_id: str | None = None) -> dict:
+def record_evaluation(path: str | Path, registered_name: str | None, version: str | None, split: str,
+                      limit: int = 0, parent_run_id: str | None = None) -> dict:
     """Record the release's evaluation on ``limit`` evenly spaced games of ``split`` (0 = all it played) as an
-    MLflow run linked to the registered version (``evoharness.registry.link_evaluation``), with the release's
-    evaluation settings as parameters: ``tasks.evaluation.recorded_evaluation`` then reuses it for a candidate
-    evaluated on the same games with the same settings. Returns the summary with ``mlflow_run_id`` and ``games``.
-    The outcomes are the recorded episodes of those games (``recorded_summary``), not a replay."""
+    MLflow run, with the release's evaluation settings as parameters; with ``registered_name`` and ``version``, linked
+    to that registered version (``evoharness.registry.link_evaluation``), so ``tasks.evaluation.recorded_evaluation``
+    reuses it for a candidate evaluated on the same games with the same settings. Returns the summary with
+    ``mlflow_run_id`` and ``games``. The outcomes are the recorded episodes of those games (``recorded_summary``),
+    not a replay."""
     import mlflow
 
     from evoharness.alfworld_env import list_games
@@ -280,13 +281,14 @@ def record_evaluation(path: str | Path, registered_name: str, version: str, spli
     games = spread(list_games(split), limit)
     summary = recorded_summary(path, split, games)
     settings = read_release(path)["evaluate"] | {"split": split, "limit": limit}
+    uri = f"models:/{registered_name}/{version}" if registered_name and version else str(Path(path).resolve())
     with start_run(f"evaluate-{split}", parent_run_id, tags={"policy": str(path), "split": split,
-                                                             "recorded_in_release": "true",
-                                              "model_uri": f"models:/{registered_name}/{version}"}) as run:
+                                                             "recorded_in_release": "true", "model_uri": uri}) as run:
         mlflow.log_params({f"evaluate.{k}": v for k, v in settings.items()})
         mlflow.log_metrics(flat("", {k: v for k, v in summary.items() if k not in ("errors", "won_by_game")}))
         mlflow.log_dict(summary | {"games": games}, "summary.json")
-    link_evaluation(f"models:/{registered_name}/{version}", split, games, summary["success_rate"], run.info.run_id)
+    if registered_name and version:
+        link_evaluation(uri, split, games, summary["success_rate"], run.info.run_id)
     return summary | {"mlflow_run_id": run.info.run_id, "games": games}
 
 

@@ -35,6 +35,7 @@ from tasks.evaluation import (
     promote_task,
     recorded_evaluation,
     register_task,
+    release_folder_evaluation,
     release_parent_evaluation,
     start_policy_task,
 )
@@ -129,7 +130,8 @@ def pipeline(profile: str = "default", data_rev: str | None = None, split: str |
                                           start["model_uri"], name=f"evaluate-parent-{cfg.evaluate.split}",
                                           parent_of=model["model_uri"], workspace_cfg=cfg.traces)
         if grpo and sft_model:  # a registered SFT model evaluated on these games with these settings: reuse it
-            parent_ev = recorded_evaluation(sft["model_uri"], cfg.evaluate)
+            parent_ev = (recorded_evaluation(sft["model_uri"], cfg.evaluate)
+                         or release_folder_evaluation(sft_model, cfg.evaluate, pid))
         if grpo and parent_ev is None:
             parent_ev = evaluate_task(sft["final_path"], cfg.evaluate, cfg.cost, evals, pid,
                                       traces["experience_path"], sft.get("model_uri") or f"runs:/{sft['run_id']}",

@@ -257,15 +257,34 @@ def release_parent_evaluation(start: dict, registered_name: str, cfg: EvalConfig
     """The parent's outcomes on the games ``cfg`` evaluates, taken from its release's recorded evaluation when the
     release played with the same settings (``release.json``'s ``evaluate`` equal to ``cfg`` but for ``split`` and
     ``limit``; ``evoharness.release.record_evaluation``), else None (the parent is then evaluated)."""
-    if not start.get("release"):
-        return None
-    rel = read_release(start["release"])
-    mine = {k: v for k, v in cfg.__dict__.items() if k not in ("split", "limit")}
-    if {k: rel["evaluate"].get(k) for k in mine} != mine or cfg.split not in rel["evaluations"]:
-        get_run_logger().info(f"{start['release']} recorded its evaluation with other settings: evaluating it again")
+    if not start.get("release") or not _recorded_alike(start["release"], cfg):
         return None
     version = start["model_uri"].rsplit("/", 1)[1]
     summary = record_evaluation(start["release"], registered_name, version, cfg.split, cfg.limit, parent_run_id)
     get_run_logger().info(f"parent {start['model_uri']}: its {cfg.split} outcomes on these {len(summary['games'])} "
                           f"games are the release's recorded ones ({summary['recorded_in']})")
     return summary
+
+
+def release_folder_evaluation(path: str, cfg: EvalConfig, parent_run_id: str | None = None) -> dict | None:
+    """The outcomes of the release folder ``path`` (``--sft-model models/...``) on the games ``cfg`` evaluates, from
+    its recorded evaluation when it played with the same settings (as ``release_parent_evaluation``), recorded as an
+    MLflow run under ``parent_run_id``; None when ``path`` is not a release or played otherwise (it is then
+    evaluated)."""
+    if not is_release(path) or not _recorded_alike(path, cfg):
+        return None
+    summary = record_evaluation(path, None, None, cfg.split, cfg.limit, parent_run_id)
+    get_run_logger().info(f"parent {path}: its {cfg.split} outcomes on these {len(summary['games'])} games are the "
+                          f"release's recorded ones ({summary['recorded_in']})")
+    return summary
+
+
+def _recorded_alike(release: str, cfg: EvalConfig) -> bool:
+    """Whether the release recorded an evaluation of ``cfg.split`` with ``cfg``'s settings (``split`` and ``limit``
+    aside: a subset of its games is taken)."""
+    rel = read_release(release)
+    mine = {k: v for k, v in cfg.__dict__.items() if k not in ("split", "limit")}
+    if {k: rel["evaluate"].get(k) for k in mine} != mine or cfg.split not in rel["evaluations"]:
+        get_run_logger().info(f"{release} recorded its evaluation with other settings: evaluating it again")
+        return False
+    return True

@@ -74,3 +74,34 @@ def test_an_incomplete_release_is_named(tmp_path):
     (tmp_path / "release.json").write_text("{}")
     with pytest.raises(ReleaseError, match="missing .*model.safetensors"):
         read_release(tmp_path)
+
+
+@pytest.mark.parametrize("release", RELEASES, ids=[p.name for p in RELEASES])
+def test_grpo_from_a_release_folder_takes_its_recorded_outcomes_as_the_parents(release, tmp_path, monkeypatch):
+    """--sft-model models/<name>: the parent's outcomes on the evaluated games are the release's recorded ones (an
+    MLflow run records them) when the evaluation settings are the release's; other settings replay it (None)."""
+    import dataclasses
+
+    import mlflow
+    from prefect import flow
+
+    from evoharness.alfworld_env import list_games
+    from evoharness.evaluate import spread
+    from evoharness.release import play_settings
+    from tasks.evaluation import release_folder_evaluation
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    cfg, _ = play_settings(release, {"limit": 60})
+    recorded = {e["game"]: e["won"] for e in recorded_episodes(release, cfg.split)}
+
+    @flow
+    def parent_outcomes(c):
+        return release_folder_evaluation(str(release), c)
+
+    summary = parent_outcomes(cfg)
+    games = spread(list_games(cfg.split), 60)
+    assert summary["games"] == games and summary["won_by_game"] == {g: recorded[g] for g in games}
+    run = mlflow.get_run(summary["mlflow_run_id"])
+    assert run.data.tags["recorded_in_release"] == "true" and run.data.params["evaluate.limit"] == "60"
+    assert parent_outcomes(dataclasses.replace(cfg, decoding="remap")) is None
