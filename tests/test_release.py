@@ -77,7 +77,7 @@ def test_an_incomplete_release_is_named(tmp_path):
 
 
 @pytest.mark.parametrize("release", RELEASES, ids=[p.name for p in RELEASES])
-def test_grpo_from_a_release_folder_takes_its_recorded_outcomes_as_the_parents(release, tmp_path, monkeypatch):
+def test_grpo_from_a_release_folder_takes_its_recorded_outcomes_as_the_parents(release, tmp_path):
     """--sft-model models/<name>: the parent's outcomes on the evaluated games are the release's recorded ones (an
     MLflow run records them) when the evaluation settings are the release's; other settings replay it (None)."""
     import dataclasses
@@ -88,10 +88,12 @@ def test_grpo_from_a_release_folder_takes_its_recorded_outcomes_as_the_parents(r
     from evoharness.alfworld_env import list_games
     from evoharness.evaluate import spread
     from evoharness.release import play_settings
+    from evoharness.tracking import configure
     from tasks.evaluation import release_folder_evaluation
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    # configure: a fresh store with its experiment selected (the experiment id an earlier test selected may not
+    # exist in this store).
+    configure(tmp_path)
     cfg, _ = play_settings(release, {"limit": 60})
     recorded = {e["game"]: e["won"] for e in recorded_episodes(release, cfg.split)}
 
