@@ -88,10 +88,10 @@ def render_card(release: dict, summary: dict) -> str:
         f"| config digest | `{lin.get('config_digest')}` |",
         f"| data | `{lin.get('data_path')}` (DVC md5 `{lin.get('dvc_md5')}`) |",
         f"| trace hash | `{lin.get('trace_hash')}` |",
-        f"| trace examples | {release['traces'].get('train_rows', 0):,} train, {release['traces'].get('valid_rows', 0):,} "
+        f"| trace examples{' (collected by the run; GRPO trains on its own rollouts)' if release.get('grpo') else ''} | {release['traces'].get('train_rows', 0):,} train, {release['traces'].get('valid_rows', 0):,} "
         f"validation, from {release['traces'].get('kept', 0):,} won of {release['traces'].get('episodes', 0):,} episodes |",
         f"| parameters | {tr['parameters']:,} |",
-        *_parent_rows(release.get("parent"), tr),
+        *(_grpo_rows(release, tr) if release.get("grpo") else _parent_rows(release.get("parent"), tr)),
         f"| precision | {tr.get('precision', '')} |",
         f"| machine | {tr.get('machine', '')} |",
         "",
@@ -116,12 +116,14 @@ def render_card(release: dict, summary: dict) -> str:
         f"| malformed turns | {summary['malformed_per_episode']:.2f} |",
         f"| rejected turns | {summary['rejected_turns_per_episode']:.2f} |",
         "",
+        *_paired_lines(release.get("parent")),
         f"{all_row[2]} of {all_row[1]} won. Per-game outcomes: `evaluation/{split}.json` (`won_by_game`), per-episode "
         f"results: `evaluation/{split}-episodes.jsonl`.",
         "",
         "## Limitations",
         "",
-        "- A 3M-parameter model trained from scratch on ALFWorld's handcoded expert: it knows these text games only, "
+        f"- A {tr['parameters'] / 1e6:.0f}M-parameter model trained from scratch on ALFWorld's handcoded expert"
+        f"{', then by GRPO on its own rollouts' if release.get('grpo') else ''}: it knows these text games only, "
         f"and inherits the expert's weaknesses{weakest}.",
         f"- Figures are for one training seed (`{lin.get('profile')}`); the spread between seeds of the same recipe is "
         "in the project's `docs/experiments/`.",
@@ -171,3 +173,48 @@ def _parent_rows(parent: dict | None, tr: dict) -> list[str]:
             f"| training tokens | {tr['tokens']:,} here, {tr['tokens'] + parent['tokens']:,} in all |",
             f"| training wall time | {tr['train_seconds']:,.0f} s here, "
             f"{tr['train_seconds'] + parent['train_seconds']:,.0f} s in all |"]
+
+
+def _grpo_rows(release: dict, tr: dict) -> list[str]:
+    """The training rows of a policy trained further by cost-aware GRPO: its parent release, the GRPO run (updates,
+    rollouts, generated tokens, wall time), the reward it maximised and the GRPO settings, then the totals."""
+    g, c, parent = release["grpo"], release["cost"], release.get("parent")
+    if c.get("mode") == "budget":
+        reward = (f"`budget` (EvoHarness-RL): task {c['task_reward']:g} for a win, efficiency {c['lambda_eff']:g} x "
+                  f"unused share of T_max = {c['interaction_budget']}"
+                  f"{' (each meta-action spends one unit)' if c['charge_meta_actions'] else ''}, diversity "
+                  f"{c['lambda_div0']:g} cosine-annealed to 0 over {c['anneal_updates']} updates, repeats -"
+                  f"{c['lambda_spam']:g} (at most {c['spam_cap']}), invalid actions -{c['lambda_inv']:g} each")
+    else:
+        reward = (f"`priced`: 1 for a win minus the cost of calls (per call {c['per_call']}, per call token "
+                  f"{c['per_call_token']:g}, per generated token {c['per_generated_token']:g})")
+    gigpo = (f" (step-level groups over repeated states, gamma {g['gigpo_gamma']:g}, omega {g['gigpo_omega']:g})"
+             if g["advantage"] == "gigpo" else "")
+    rows = [f"| parent release | `{parent['name']}` at `{parent['git_commit']}`: `{parent['command']}` "
+            f"({', '.join(f'{_pct(v)} % of `{k}`' for k, v in parent['success_rate'].items())}) |"] if parent else []
+    rows += [f"| GRPO | {tr['steps']:,} updates of {g['prompts_per_step']} `{g['split']}` games x "
+             f"{g['num_generations']} episodes ({tr['episodes']:,} rollouts; games from index {g['game_offset']}, "
+             f"{g['num_games']} in the pool), {tr['world_size']} processes |",
+             f"| reward | {reward} |",
+             f"| advantage | `{g['advantage']}`{gigpo}; "
+             f"every turn of a group trained (at most {g['turns_per_group']}), lr {g['learning_rate']:g}, KL beta "
+             f"{g['beta']:g}, temperature {g['temperature']:g} |",
+             f"| tokens generated in GRPO rollouts | {tr['tokens']:,} |"]
+    if parent:
+        rows += [f"| training steps | {tr['steps']:,} GRPO updates here, {tr['steps'] + parent['steps']:,} in all |",
+                 f"| training wall time | {tr['train_seconds']:,.0f} s of GRPO here, "
+                 f"{tr['train_seconds'] + parent['train_seconds']:,.0f} s in all |"]
+    else:
+        rows += [f"| training steps | {tr['steps']:,} GRPO updates |",
+                 f"| training wall time | {tr['train_seconds']:,.0f} s of GRPO |"]
+    return rows
+
+
+def _paired_lines(parent: dict | None) -> list[str]:
+    """The card's paired comparison with its parent release on the games both played (exact McNemar test)."""
+    t = (parent or {}).get("paired_test")
+    if not t:
+        return []
+    return [f"Against its parent release `{parent['name']}` on the same {t['games']} `{t['split']}` games (its "
+            f"recorded evaluation): {t['both']} won by both, {t['only_a']} only by this policy, {t['only_b']} only "
+            f"by the parent, exact McNemar p = {t['p']:.3g}.", ""]

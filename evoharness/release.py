@@ -32,6 +32,10 @@ MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "to
                "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 REQUIRED = ("config.json", "model.safetensors", "tokenizer.json", RELEASE_JSON)
 MAX_RELEASE_BYTES = 25 * 2 ** 20
+# The GRPO settings a release trained by GRPO records (release.json ``grpo``; its card lists them).
+GRPO_CARD_KEYS = ("split", "num_games", "game_offset", "num_generations", "prompts_per_step", "turns_per_group",
+                  "advantage", "gigpo_gamma", "gigpo_omega", "max_steps", "micro_batch_size", "temperature",
+                  "learning_rate", "beta", "num_processes", "seed")
 
 
 class ReleaseError(ValueError):
@@ -151,7 +155,15 @@ def export_release(out: str | Path, model_dir: str | Path, experience: str | Pat
     split = summary["split"]
     evaluation = {k: v for k, v in summary.items() if k not in ("lineage", "sft", "traces", "data", "promotion",
                                                                 "stage_wall_s", "stage_cached", "grpo_steps",
-                                                                "grpo_meta_actions_per_episode", "parent_evaluation")}
+                                                                "grpo_meta_actions_per_episode", "parent_evaluation",
+                                                                "paired_test")}
+    base = summary.get("lineage", {}).get("base_model")
+    if parent and split in read_release(base).get("evaluations", {}):  # paired on the parent's recorded games
+        from evoharness.stats import mcnemar_exact
+
+        recorded = json.loads((Path(base) / read_release(base)["evaluations"][split]).read_text())["won_by_game"]
+        ours = {g: w for g, w in summary["won_by_game"].items() if g in recorded}
+        parent["paired_test"] = {"split": split, **mcnemar_exact(ours, {g: recorded[g] for g in ours})}
     (tmp / "evaluation" / f"{split}.json").write_text(json.dumps(evaluation, indent=1, sort_keys=True) + "\n")
     (tmp / "evaluation" / f"{split}-episodes.jsonl").write_text(
         "".join(json.dumps(r, sort_keys=True) + "\n" for r in episodes))
@@ -168,6 +180,9 @@ def export_release(out: str | Path, model_dir: str | Path, experience: str | Pat
         "cost": dataclasses.asdict(cfg.cost),
         "evaluations": {split: f"evaluation/{split}.json"},
     }
+    if lineage.get("trained_until") == "grpo":  # the reward and GRPO settings that trained it further
+        release["grpo"] = {k: v for k, v in dataclasses.asdict(cfg.grpo).items()
+                           if k in GRPO_CARD_KEYS}
     (tmp / RELEASE_JSON).write_text(json.dumps(release, indent=1) + "\n")
     (tmp / "README.md").write_text(render_card(release, evaluation))
     size = release_bytes(tmp)
@@ -351,6 +366,39 @@ def training_from(summary: dict, sft_result: dict, model_dir: str | Path, machin
             "layout": config.get("evoharness_layout", {}), "machine": machine}
 
 
+def count_parameters(model_dir: str | Path) -> int:
+    """Parameters in ``model_dir/model.safetensors`` (tied embeddings stored once count once)."""
+    from safetensors import safe_open
+
+    total = 0
+    with safe_open(str(Path(model_dir) / "model.safetensors"), framework="pt") as f:
+        for key in f.keys():
+            n = 1
+            for d in f.get_slice(key).get_shape():
+                n *= d
+            total += n
+    return total
+
+
+def training_from_grpo(summary: dict, grpo_dir: str | Path, cfg, machine: str) -> dict:
+    """The ``training`` block of ``release.json`` for a policy trained further by cost-aware GRPO, from the GRPO
+    stage folder ``runs/grpo/<key>`` (``result.json``, ``history.jsonl``, ``final/``) and the pipeline summary.
+
+    ``steps`` counts GRPO optimizer updates, ``tokens`` the tokens the policy generated in its training rollouts
+    (sum over steps of episodes x generated tokens per episode), ``train_seconds`` the GRPO stage's wall time.
+    Raises FileNotFoundError when the folder lacks ``result.json`` or ``final/``."""
+    grpo_dir = Path(grpo_dir)
+    result = json.loads((grpo_dir / "result.json").read_text())
+    history = [json.loads(line) for line in (grpo_dir / "history.jsonl").read_text().splitlines() if line.strip()]
+    config = json.loads((grpo_dir / "final" / "config.json").read_text())
+    return {"parameters": count_parameters(grpo_dir / "final"), "steps": result["global_step"],
+            "tokens": round(sum(h["episodes"] * h["generated_tokens"] for h in history)),
+            "episodes": sum(h["episodes"] for h in history),
+            "train_seconds": round(summary["stage_wall_s"]["grpo"], 1), "world_size": result.get("world_size"),
+            "precision": "fp32" if not cfg.grpo.bf16 else "bf16 on a GPU, fp32 on CPU",
+            "layout": config.get("evoharness_layout", {}), "machine": machine}
+
+
 def main(argv: list[str] | None = None) -> int:
     """``export`` a release folder from a pipeline run, ``register`` one in the local MLflow registry, or ``show``
     its card's figures. Exits 2 with the reason on bad input."""
@@ -363,6 +411,12 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--summary", required=True, help="the run's --summary-json")
     e.add_argument("--sft-dir", default=None,
                    help="the SFT stage folder runs/sft/<key> (final/ and result.json; default: the summary's paths)")
+    e.add_argument("--grpo-dir", default=None,
+                   help="for a policy trained by GRPO (the summary's trained_until): the GRPO stage folder "
+                        "runs/grpo/<key> (final/, result.json, history.jsonl; default: the summary's paths)")
+    e.add_argument("--parent", default=None,
+                   help="the release folder GRPO started from, e.g. models/evoharness-full-sft (default: the "
+                        "summary's parent_model_uri when it is a release folder)")
     e.add_argument("--experience", default=None,
                    help="the Experience store it was evaluated with (default: the summary's paths)")
     e.add_argument("--transcripts", default=None,
@@ -384,12 +438,21 @@ def main(argv: list[str] | None = None) -> int:
             from evoharness.config import load_profile
 
             summary = json.loads(Path(a.summary).read_text())
-            paths = summary.get("paths") or {}
-            sft_dir = Path(a.sft_dir or paths["sft_dir"])
-            result = json.loads((sft_dir / "result.json").read_text())
-            training = training_from(summary, result, sft_dir / "final", a.machine or machine_description())
-            out = export_release(a.out, sft_dir / "final", a.experience or paths["experience_path"], summary,
-                                 a.transcripts or paths["transcripts"], load_profile(a.profile), a.command, training)
+            paths, cfg = summary.get("paths") or {}, load_profile(a.profile)
+            machine = a.machine or machine_description()
+            if summary.get("lineage", {}).get("trained_until") == "grpo":
+                grpo_dir = Path(a.grpo_dir or Path(paths["final_path"]).parent)
+                training = training_from_grpo(summary, grpo_dir, cfg, machine)
+                model_dir = grpo_dir / "final"
+                parent = a.parent or summary["lineage"].get("parent_model_uri")
+                summary["lineage"] = {**summary["lineage"], "base_model": parent}
+            else:
+                sft_dir = Path(a.sft_dir or paths["sft_dir"])
+                result = json.loads((sft_dir / "result.json").read_text())
+                training = training_from(summary, result, sft_dir / "final", machine)
+                model_dir = sft_dir / "final"
+            out = export_release(a.out, model_dir, a.experience or paths["experience_path"], summary,
+                                 a.transcripts or paths["transcripts"], cfg, a.command, training)
             print(f"{out}: {release_bytes(out) / 2 ** 20:.1f} MiB; card {out / 'README.md'}")
         elif a.cmd == "smoke":
             rel = read_release(a.release)

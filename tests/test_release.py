@@ -53,6 +53,21 @@ def test_card_states_the_evaluation_summary(release):
     if rel.get("parent"):  # trained further from an earlier release: which one, and the totals
         assert rel["parent"]["git_commit"] in card
         assert f"{rel['training']['steps'] + rel['parent']['steps']:,} in all" in card
+        t = rel["parent"].get("paired_test")
+        if t:  # its paired test against the parent's recorded outcomes, recomputed from both releases' games
+            from evoharness.stats import mcnemar_exact
+
+            name = rel["parent"]["name"]
+            theirs = json.loads((ROOT / "models" / name / read_release(ROOT / "models" / name)["evaluations"][
+                t["split"]]).read_text())["won_by_game"]
+            ours = json.loads((release / rel["evaluations"][t["split"]]).read_text())["won_by_game"]
+            again = mcnemar_exact(ours, theirs)
+            assert (t["only_a"], t["only_b"], t["games"]) == (again["only_a"], again["only_b"], again["games"])
+            assert f"{t['only_a']} only by this policy, {t['only_b']} only by the parent" in card
+    if rel.get("grpo"):  # trained by GRPO: the reward it maximised, with its weights
+        c = rel["cost"]
+        assert f"`{c['mode']}`" in card and f"task {c['task_reward']:g} for a win" in card
+        assert f"{rel['grpo']['learning_rate']:g}" in card and f"`{rel['grpo']['advantage']}`" in card
 
 
 @pytest.mark.parametrize("release", RELEASES, ids=[p.name for p in RELEASES])
