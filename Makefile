@@ -48,7 +48,7 @@ collect: venv data
 	$(PY) -m flows.collect $(ARGS)
 
 lineage: venv
-	$(PY) -m evoharness.lineage $(ARGS)
+	$(PY) -m evoharness.registry.lineage $(ARGS)
 
 venv: $(VENV)/.installed
 
@@ -86,4 +86,4 @@ clean-runs:
 #   make register-release RELEASE=models/evoharness-full-sft
 RELEASE ?= models/evoharness-full-sft
 register-release: venv
-	$(PY) -m evoharness.release register $(RELEASE)
+	$(PY) -m evoharness.registry.release register $(RELEASE)

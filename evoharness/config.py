@@ -94,7 +94,7 @@ class IngestConfig:
 
 @dataclass
 class CostConfig:
-    """The harness cost model and the reward GRPO trains on, in reward units (``evoharness.reward``).
+    """The harness cost model and the reward GRPO trains on, in reward units (``evoharness.training.reward``).
 
     ``mode`` picks the reward. ``priced`` (the default): reward = won - cost, where cost = sum over executed
     meta-actions of ``per_call[type]`` + ``per_call_token`` * tokens of the call's arguments and result
@@ -108,7 +108,7 @@ class CostConfig:
     dearest ``per_call``, so a rejected call is never cheaper than an executed one. It does not stop the drift on its
     own: at 0.03 and no KL term malformed turns still rose to 38 per episode by step 8 (README, issue 6).
 
-    ``budget``: the paper's reward (EvoHarness-RL, arXiv:2608.05446; ``evoharness.reward`` defines every term).
+    ``budget``: the paper's reward (EvoHarness-RL, arXiv:2608.05446; ``evoharness.training.reward`` defines every term).
     Meta-actions spend the same interaction budget as environment actions and the priced cost above is computed and
     logged but not charged. Its weights, with the defaults of the paper's ALFWorld GRPO run (its
     ``configs/train/common.yaml`` ``reward_shaping`` and ``env`` sections, ``configs/train/alfworld.yaml``):
@@ -180,7 +180,7 @@ class TraceConfig:
         render_budget_tokens: the rendered workspace's budget (whitespace tokens).
         valid_share: share of games held out as the trace dataset's validation split (split by game).
         context: ``history`` (one growing conversation per episode: the layout GRPO trains on) or ``turn`` (each
-            turn a fresh compact prompt built by ``evoharness.context.TurnView``; one SFT example per turn).
+            turn a fresh compact prompt built by ``evoharness.harness.context.TurnView``; one SFT example per turn).
         harness: with False the traces hold no meta-action and the prompt no workspace: the plain
             observation/action baseline (``turn`` context only).
         recent_actions: ``turn`` context: how many of the last commands the prompt lists.
@@ -198,7 +198,8 @@ class TraceConfig:
             tool-call format). One SFT example per environment step instead of one per call, so a step of
             training covers as many episodes as the plain baseline's. False: one tool call per turn.
         lesson_turns: ``turn`` context: how many environment commands a ``recall``'s lessons stay in the prompt
-            (``evoharness.context.TurnView``); 0: the rest of the episode. 1 shows them until the next command, for
+            (``evoharness.harness.context.TurnView``); 0: the rest of the episode. 1 shows them until the next command,
+            for
             fewer tokens per epoch (README item 16).
         track_searched: with harness, the teacher tracks ``<receptacle> searched=yes`` when an observation lists a
             receptacle's contents without a task object (about 30 % of the ``full`` examples). False leaves those
@@ -256,7 +257,7 @@ PIECES = {
 class ModelConfig:
     """The policy model. ``path`` empty means the embedded default: a Qwen3-architecture model built from
     the sizes below with a byte-level BPE tokenizer trained on the traces; otherwise a release folder
-    (``models/<name>``, ``evoharness.release``), any local or hub path, or a registered version
+    (``models/<name>``, ``evoharness.registry.release``), any local or hub path, or a registered version
     ``models:/NAME/VERSION`` that SFT trains further (an alias is refused: ValueError). A model that records its
     context layout (``evoharness_layout``) must be trained on traces of that layout (``traces``).
     ``from_champion``: start from the registered ``champion`` of ``registered_model_name`` when there is one, else
@@ -291,7 +292,8 @@ class ModelConfig:
 class TrainingRuntime:
     """How a training stage runs, shared by SFT and GRPO: ``num_processes`` under ``accelerate launch`` with
     ``accelerate_config`` (empty: ``accelerate/cpu_<n>proc.yaml``), the weights' ``model_dtype`` when loaded,
-    ``gradient_checkpointing``, and LoRA through peft when ``lora_r`` > 0 (``evoharness.model.lora_config``; the
+    ``gradient_checkpointing``, and LoRA through peft when ``lora_r`` > 0 (``evoharness.training.model.lora_config``;
+    the
     adapter is merged into the saved final model)."""
 
     num_processes: int = 1
@@ -314,7 +316,8 @@ class SFTStageConfig(TrainingRuntime):
     Large pretrained models (``model.path``, e.g. ``Qwen/Qwen3-8B`` on GPUs) are set up here, not in code:
     ``model_dtype`` (the weights' dtype when loaded: ``bfloat16`` on GPUs), ``bf16`` (mixed precision; on CPUs with
     AVX512-BF16 or AMX it is autocast, on other CPUs the run trains in fp32 and records why:
-    ``evoharness.sft.training_precision``), ``gradient_checkpointing``, and LoRA through peft when ``lora_r`` > 0 (TRL's
+    ``evoharness.training.sft.training_precision``), ``gradient_checkpointing``, and LoRA through peft when ``lora_r`` >
+    0 (TRL's
     ``SFTTrainer(peft_config=LoraConfig(...))``; the adapter is merged into the saved final model so later stages load
     a plain model folder). ``accelerate_config``: the Accelerate config file (empty: ``accelerate/cpu_<n>proc.yaml``
     for ``num_processes``; ``accelerate/fsdp_gpu.yaml`` for multi-GPU FSDP).
@@ -328,7 +331,7 @@ class SFTStageConfig(TrainingRuntime):
     of the model measure the steady seconds a step, and ``max_steps = (budget - calibration) / (s a step x
     time_budget_margin)`` (the margin covers the slower steps later in a run and the validation pass); the cosine
     schedule is planned for those steps and training stops at the budget regardless
-    (``evoharness.sft.TimeLimit``). The plan is saved with the checkpoints, so a resumed run keeps it.
+    (``evoharness.training.sft.TimeLimit``). The plan is saved with the checkpoints, so a resumed run keeps it.
     """
 
     num_train_epochs: float = 3.0
@@ -357,12 +360,13 @@ class GRPOStageConfig(TrainingRuntime):
         split / num_games: the games whose episodes form the groups.
         num_generations: episodes per game per step (the GRPO group).
         turns_per_episode: ``turn`` context only: turns drawn from each episode as GRPO samples, so a group holds
-            ``num_generations x turns_per_episode`` samples (``evoharness.rollouts.TurnRollouts``). Ignored when
+            ``num_generations x turns_per_episode`` samples (``evoharness.training.rollouts.TurnRollouts``). Ignored
+            when
             ``turns_per_group`` is set.
         turns_per_group: ``turn`` context only; 0: off (``turns_per_episode`` turns sampled per episode, each
             carrying its episode's reward, and TRL normalises within the group). > 0: every turn of the group's
             ``num_generations`` episodes is a sample, each with its own advantage computed here
-            (``evoharness.advantages.turn_advantages`` under ``advantage``) and passed to TRL unscaled
+            (``evoharness.training.advantages.turn_advantages`` under ``advantage``) and passed to TRL unscaled
             (``scale_rewards="none"``); the group is padded to this many samples with masked rows (one of them
             makes the group's mean 0, so TRL's baseline leaves the advantages as computed), and a group with more
             turns than ``turns_per_group - 1`` trains on that many of them drawn uniformly (the rest are counted as
@@ -382,7 +386,7 @@ class GRPOStageConfig(TrainingRuntime):
         max_env_steps / max_meta_actions: per-episode budgets during rollouts.
         ground_track: ``turn`` context: a rollout's ``track`` names are drawn over the latest observation's names (at
             the rollout temperature, from the softmax of their log-likelihoods), as ``evaluate.ground_track`` plays
-            them (``evoharness.lm_policy.LMPolicy``). The drawn tokens are recorded with the model's own
+            them (``evoharness.policy.lm_policy.LMPolicy``). The drawn tokens are recorded with the model's own
             log-probabilities, as scored commands are.
         temperature: sampling temperature of rollouts (TRL scales the training logits by the same value). 0.7, not
             1.0: the default SFT model's first turns were malformed tool calls in 13 of 16 samples at 1.0, 6 of 16
@@ -390,10 +394,11 @@ class GRPOStageConfig(TrainingRuntime):
         beta: KL coefficient to the reference (SFT) policy; 0 disables the reference model.
         bf16: on a GPU, train in bf16 (ignored on CPU).
         use_vllm / vllm_gpu_memory_utilization: generate rollout turns with TRL's vLLM engine in colocate mode
-            (``evoharness.rollouts.vllm_generate_fn``; GPUs only, ``pip install vllm``); otherwise ``model.generate``
+            (``evoharness.training.rollouts.vllm_generate_fn``; GPUs only, ``pip install vllm``); otherwise
+            ``model.generate``
             on the training device. Candidate scoring (score decoding) runs on the training model either way.
         batch_episodes: ``turn`` context without vLLM: rollout episodes each process plays at once, their
-            generation and scoring batched across them (``evoharness.batched_play``), each game in an environment
+            generation and scoring batched across them (``evoharness.policy.batched_play``), each game in an environment
             process of its own. Sampled tokens and their log-probabilities are recorded as at 1; the draws come
             from one shared generator, so an episode's draws depend on the batch (at 1, on its seed alone).
         num_processes / accelerate_config: the parallel rollout workers. GRPO runs under ``accelerate launch`` with
@@ -464,23 +469,25 @@ class EvalConfig:
     gives the highest log-likelihood as the call's argument (one batched forward pass over the candidates).
 
     ``act_each_turn``: ``score`` decoding of a model trained on ``parallel_calls`` turns: a turn that generated
-    meta-actions but no act gets its act scored after them (``evoharness.lm_policy.LMPolicy``), so every turn but the
+    meta-actions but no act gets its act scored after them (``evoharness.policy.lm_policy.LMPolicy``), so every turn but
+    the
     closing ``note`` is an environment step, as in every teacher turn whose command was a target. No effect on other
     layouts. False: such a turn runs its meta-actions only (evaluations recorded before 2026-12-01).
 
     ``ground_track``: ``score`` decoding: a ``track`` call's entity, and a location fact's value, are scored over the
-    names in the latest observation (``evoharness.lm_policy.LMPolicy``), so the Belief only holds names the policy
+    names in the latest observation (``evoharness.policy.lm_policy.LMPolicy``), so the Belief only holds names the
+    policy
     has just read. False: the call is generated as it comes (every evaluation recorded before the setting, added
     2026-12-01; on in the ``full-parallel`` profiles since then).
 
     ``workers``: processes playing the games, each with its own copy of the policy and of the Experience store
-    (``evoharness.eval_workers``). Worker k plays every ``workers``-th game from the k-th. A lesson one worker
+    (``evoharness.evaluation.workers``). Worker k plays every ``workers``-th game from the k-th. A lesson one worker
     ``note``s is not recalled by the other, and ``random`` draws from one generator per process, so results can
     depend on ``workers`` (it is part of the settings an evaluation resumes with). 1: one process, the games in
     order.
 
     ``batch_episodes``: language-model policies: episodes each process plays at once, their generation and
-    candidate scoring batched into one forward pass per turn across them (``evoharness.batched_play``), each
+    candidate scoring batched into one forward pass per turn across them (``evoharness.policy.batched_play``), each
     environment in a child process replaced every ``env_recycle_every`` episodes. Greedy outcomes equal one
     episode at a time up to float reduction order and what each episode recalls from lessons the others noted.
     1: one episode at a time, in this process.
@@ -629,7 +636,8 @@ def load_profile(name_or_path: str = "default", overrides: dict | None = None) -
     """Resolve a profile into a ``PipelineConfig``.
 
     Args:
-        name_or_path: a profile name (``profiles/<name>.yaml`` or ``profiles/experiments/<name>.yaml``) or a path to a YAML file. A profile may start
+        name_or_path: a profile name (``profiles/<name>.yaml`` or ``profiles/experiments/<name>.yaml``) or a path to a
+        YAML file. A profile may start
             from another with ``extends: <name>``; its sections' fields override the parent's field by field.
         overrides: ``{"section": {"field": value}}`` applied after the profile (``parse_overrides`` makes it from
             ``sft.learning_rate=1e-3`` strings); a dict-valued field is merged key by key.

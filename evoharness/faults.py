@@ -6,7 +6,8 @@ another one, which then has another start time. A process on this host is *gone*
 or the one that has it started at another time. A process on another host cannot be checked from here: it is always
 treated as alive, and said so.
 
-- Every MLflow run the project starts (``evoharness.tracking.start_run``) carries ``process.pid``, ``process.host``
+- Every MLflow run the project starts (``evoharness.registry.tracking.start_run``) carries ``process.pid``,
+``process.host``
   and ``process.start_time``. ``close_dead_runs`` closes as KILLED, with a ``killed_reason`` tag, the runs of one
   name left RUNNING by a gone process (a ``kill -9``, the OOM killer, a reboot), and their RUNNING child runs.
 - ``writer_lock`` holds ``<folder>/.writer.lock`` (PID, host, start time, since when) while a trainer writes a stage

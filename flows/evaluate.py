@@ -7,9 +7,10 @@
 ``--work-dir DIR`` (default: a new ``runs/<time>-eval-<split>``): the folder above ``evaluate-<split>`` of an
 earlier, interrupted evaluation of the same policy with the same settings (or that ``evaluate-<split>`` folder
 itself) resumes there: its finished episodes are kept and only the missing games, and those whose environment
-failed, are played (``evoharness.evaluate.evaluate``).
+failed, are played (``evoharness.evaluation.evaluate.evaluate``).
 
-A release folder (``models/<name>``, ``evoharness.release``) plays with its own settings (``release.json``: step and
+A release folder (``models/<name>``, ``evoharness.registry.release``) plays with its own settings (``release.json``:
+step and
 meta-action budgets, decoding, workers, cost model) and its own Experience store unless ``--profile`` or a flag says
 otherwise, so ``--policy models/<name>`` alone gives back the figures of its model card.
 """
@@ -25,9 +26,9 @@ import yaml
 from prefect import flow
 
 from evoharness.config import load_profile, parse_overrides
-from evoharness.release import experience_path, is_release, play_settings
-from evoharness.report import write_summary
-from evoharness.tracking import configure, git_info, start_run
+from evoharness.evaluation.report import write_summary
+from evoharness.registry.release import experience_path, is_release, play_settings
+from evoharness.registry.tracking import configure, git_info, start_run
 from tasks.evaluation import evaluate_task
 
 REPO = str(Path(__file__).resolve().parent.parent)
@@ -41,7 +42,8 @@ def evaluate_flow(policy: str, split: str = "valid_seen", limit: int = 0, profil
     """Evaluate ``policy`` on ``split`` (``limit`` games evenly spaced, 0 = all); logs one MLflow run.
     ``decoding`` overrides the profile's ``evaluate.decoding`` (``remap`` or ``score``). ``work_dir``: resume an
     evaluation there (see the module docstring); raises ValueError when it holds another policy's or settings'.
-    ``workers`` overrides ``evaluate.workers`` (processes, ``evoharness.eval_workers``); ``act_each_turn`` overrides
+    ``workers`` overrides ``evaluate.workers`` (processes, ``evoharness.evaluation.workers``); ``act_each_turn``
+    overrides
     ``evaluate.act_each_turn`` (``EvalConfig``: a parallel-calls turn without an act gets one scored);
     ``ground_track`` overrides ``evaluate.ground_track`` (a track's names scored over the latest observation's).
     ``profile``: the settings to play with (default: a release's own, ``release.json``; else ``default``).

@@ -25,9 +25,9 @@ import yaml
 from prefect import flow
 
 from evoharness.config import load_profile, parse_overrides
-from evoharness.rawlog import dagger_policy
-from evoharness.report import pipeline_summary, print_summary, write_summary
-from evoharness.stats import mcnemar_exact
+from evoharness.data.rawlog import dagger_policy
+from evoharness.evaluation.report import pipeline_summary, print_summary, write_summary
+from evoharness.evaluation.stats import mcnemar_exact
 from tasks.caching import run_stage
 from tasks.data import collect_task, ingest_task, log_parent_metrics, set_parent_tags
 from tasks.evaluation import (
@@ -55,7 +55,8 @@ def pipeline(profile: str = "default", data_rev: str | None = None, split: str |
     ``until``: ``grpo`` (every stage) or ``sft`` (no GRPO: the SFT policy is the candidate). Raises ValueError
     for another value. ``sft_model``: a registered version (``models:/NAME@ALIAS``) or folder to start GRPO from
     instead of training SFT (the data and trace stages still run: GRPO starts from their Experience store).
-    ``overrides``: ``SECTION.FIELD=VALUE`` strings applied on top of the profile (``evoharness.config.parse_overrides``);
+    ``overrides``: ``SECTION.FIELD=VALUE`` strings applied on top of the profile
+    (``evoharness.config.parse_overrides``);
     ``split`` and ``limit`` are ``evaluate.split`` and ``evaluate.limit``."""
     if until not in ("sft", "grpo"):
         raise ValueError(f"until is {until!r}; use 'sft' or 'grpo'")
@@ -144,7 +145,8 @@ def pipeline(profile: str = "default", data_rev: str | None = None, split: str |
         summary = pipeline_summary(ev, parent_ev, model, grpo, sft, traces, data, walls, cached, decision, pid,
                                    lineage, ingest={"on_error": cfg.ingest.on_error,
                                                     "quarantined_records": quarantined})
-        # where this run's policy, lessons and evaluation lie (``python -m evoharness.release export`` takes them)
+        # where this run's policy, lessons and evaluation lie (``python -m evoharness.registry.release export`` takes
+        # them)
         summary["paths"] = {"final_path": final["final_path"], "experience_path": final["experience_path"],
                             "transcripts": ev.get("transcripts"), "sft_dir": str(Path(sft["final_path"]).parent)}
         if parent_ev is not None:  # candidate (a) against its parent (b) on the same games

@@ -1,4 +1,5 @@
-"""One turn's two model calls for 8 episodes, one at a time against batched (``evoharness.batching.BatchEngine``).
+"""One turn's two model calls for 8 episodes, one at a time against batched
+(``evoharness.policy.batching.BatchEngine``).
 
     python scripts/bench_engine_calls.py models/evoharness-full-sft [--threads 1]
 
@@ -26,9 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     import torch
 
-    from evoharness.batching import BatchEngine
-    from evoharness.lm_policy import COMMAND_OPEN, ENTITY_OPEN, VALUE_OPEN, LMPolicy
-    from evoharness.model import load_policy
+    from evoharness.policy.batching import BatchEngine
+    from evoharness.policy.lm_policy import COMMAND_OPEN, ENTITY_OPEN, VALUE_OPEN, LMPolicy
+    from evoharness.training.model import load_policy
 
     torch.set_num_threads(a.threads)
     model, tok = load_policy(a.policy)

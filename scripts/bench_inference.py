@@ -10,7 +10,7 @@ Plays the same ``valid_seen`` games three ways, with the release's play settings
 * (b) **batch-1**: today's path, one episode at a time per process, ``--workers`` processes
   (``evaluate.batch_episodes`` 1);
 * (c) **batched**: ``--batched-workers`` processes (default 1), each playing ``--batch`` episodes at once, their
-  model calls batched (``evaluate.batch_episodes``, ``evoharness.batched_play``).
+  model calls batched (``evaluate.batch_episodes``, ``evoharness.policy.batched_play``).
 
 Prints episodes/min, environment steps/s, policy turns/s and generated tokens/s of each, the ratios (b)/(a) and
 (c)/(a) of wall time, and how many games (b) and (c) played identically (same calls and commands) and with the same
@@ -50,7 +50,7 @@ def _rates(results, wall_s: float) -> dict:
 
 def replay_floor(results, data_dir: str | None, lanes: int, max_steps: int) -> dict:
     """(a): each episode's executed commands replayed in ``EnvWorker`` processes, ``lanes`` episodes at once."""
-    from evoharness.env_pool import EnvWorker, RemoteEnv
+    from evoharness.env.pool import EnvWorker, RemoteEnv
 
     jobs = [(r.game, [e["command"] for e in r.transcript if e["turn"] == "act"]) for r in results]
     it, lock = iter(jobs), threading.Lock()
@@ -92,13 +92,13 @@ def rollout_rates(policy: str, profile: str, episodes: int, batch: int, work: Pa
     (``run_lanes``, as ``grpo.batch_episodes`` plays them). Returns both rates and their ratio."""
     import torch
 
-    from evoharness.alfworld_env import list_games
-    from evoharness.batched_play import run_lanes
     from evoharness.config import TraceConfig, load_profile
-    from evoharness.context import with_layout
-    from evoharness.model import load_policy
-    from evoharness.release import experience_path
-    from evoharness.rollouts import TurnRollouts
+    from evoharness.env.alfworld import list_games
+    from evoharness.harness.context import with_layout
+    from evoharness.policy.batched_play import run_lanes
+    from evoharness.registry.release import experience_path
+    from evoharness.training.model import load_policy
+    from evoharness.training.rollouts import TurnRollouts
 
     cfg = load_profile(profile, {"grpo": {"max_env_steps": max_env_steps}} if max_env_steps else None)
     model, tok = load_policy(policy)
@@ -128,8 +128,8 @@ def rollout_rates(policy: str, profile: str, episodes: int, batch: int, work: Pa
 
 def memory_curve(episodes: int, recycle_every: int, data_dir: str | None) -> list[tuple[int, float]]:
     """Resident MB of one environment process after every 50 of ``episodes`` expert episodes on ``train`` games."""
-    from evoharness.alfworld_env import list_games
-    from evoharness.env_pool import EnvWorker, RemoteEnv
+    from evoharness.env.alfworld import list_games
+    from evoharness.env.pool import EnvWorker, RemoteEnv
 
     games = list_games("train")
     worker, curve = EnvWorker(recycle_every), []
@@ -172,10 +172,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from evoharness.agent import EpisodeResult
-    from evoharness.alfworld_env import list_games
-    from evoharness.evaluate import evaluate, spread
-    from evoharness.release import experience_path, play_settings
+    from evoharness.env.alfworld import list_games
+    from evoharness.evaluation.evaluate import evaluate, spread
+    from evoharness.policy.agent import EpisodeResult
+    from evoharness.registry.release import experience_path, play_settings
 
     cfg, cost = play_settings(a.policy, {"max_env_steps": a.max_env_steps or None})
     games = spread(list_games(a.split), a.limit)
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _machine() -> str:
-    from evoharness.release import machine_description
+    from evoharness.registry.release import machine_description
 
     return machine_description()
 

@@ -20,12 +20,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from evoharness import textworld_speedups  # noqa: E402
-from evoharness.alfworld_env import list_games  # noqa: E402
-from evoharness.collect import collect  # noqa: E402
 from evoharness.config import CollectConfig, TraceConfig  # noqa: E402
-from evoharness.rawlog import parse_lines  # noqa: E402
-from evoharness.traces import build_traces  # noqa: E402
+from evoharness.data.collect import collect  # noqa: E402
+from evoharness.data.rawlog import parse_lines  # noqa: E402
+from evoharness.env import textworld_speedups  # noqa: E402
+from evoharness.env.alfworld import list_games  # noqa: E402
+from evoharness.harness.traces import build_traces  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:

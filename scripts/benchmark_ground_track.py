@@ -18,13 +18,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from evoharness.agent import Decision, run_episode  # noqa: E402
-from evoharness.alfworld_env import ALFWorldEnv, list_games  # noqa: E402
 from evoharness.config import load_profile  # noqa: E402
-from evoharness.context import turn_view  # noqa: E402
-from evoharness.evaluate import make_policy, spread  # noqa: E402
-from evoharness.harness import ExperienceStore, Workspace  # noqa: E402
-from evoharness.tracking import configure  # noqa: E402
+from evoharness.env.alfworld import ALFWorldEnv, list_games  # noqa: E402
+from evoharness.evaluation.evaluate import make_policy, spread  # noqa: E402
+from evoharness.harness.context import turn_view  # noqa: E402
+from evoharness.harness.workspace import ExperienceStore, Workspace  # noqa: E402
+from evoharness.policy.agent import Decision, run_episode  # noqa: E402
+from evoharness.registry.tracking import configure  # noqa: E402
 
 
 class Paired:

@@ -4,7 +4,8 @@
     python scripts/benchmark_grpo.py --model runs/sft/from-evoharness-policy-full-v1/model [--games 2]
         [--episodes 4] [--max-env-steps 20] [--profile full]
 
-Each run is ``evoharness.grpo`` under ``accelerate launch``, as the pipeline starts it; rollouts per minute is what
+Each run is ``evoharness.training.grpo`` under ``accelerate launch``, as the pipeline starts it; rollouts per minute is
+what
 the step logged (episodes over the step's rollout wall time, all processes together). Run it on an idle machine:
 the processes compete for the same cores as anything else running.
 """
@@ -21,10 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from evoharness.alfworld_env import list_games  # noqa: E402
 from evoharness.config import GRPOStageConfig, load_profile  # noqa: E402
-from evoharness.launch import accelerate_launch  # noqa: E402
-from evoharness.rollouts import read_history  # noqa: E402
+from evoharness.env.alfworld import list_games  # noqa: E402
+from evoharness.training.launch import accelerate_launch  # noqa: E402
+from evoharness.training.rollouts import read_history  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
                     "grpo": dataclasses.asdict(cfg), "cost": dataclasses.asdict(prof.cost),
                     "traces": dataclasses.asdict(prof.traces)}
             t0 = time.time()
-            result = accelerate_launch("evoharness.grpo", spec, tmp, num_processes=procs)
+            result = accelerate_launch("evoharness.training.grpo", spec, tmp, num_processes=procs)
             step = read_history(Path(tmp) / "history.jsonl")[0]
         print(json.dumps({"processes": result["world_size"], "episodes": step["episodes"],
                           "rollouts_per_min": round(step["rollouts_per_min"], 2),

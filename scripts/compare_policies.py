@@ -7,7 +7,8 @@
 Each JSON is what ``flows.evaluate --summary-json`` or ``flows.pipeline --summary-json`` writes. Writes ``OUT.md``
 (the table) and ``OUT.png`` (success by task type; meta-actions, malformed and rejected turns per episode; generated
 tokens per episode); prints the table. ``--history NAME=history.jsonl`` (GRPO runs' per-step rollout metrics, as
-``evoharness.rollouts.log_step`` writes them) adds a panel of meta-actions per episode by GRPO step, one line per
+``evoharness.training.rollouts.log_step`` writes them) adds a panel of meta-actions per episode by GRPO step, one line
+per
 run. With ``--mlflow-run RUN_ID`` both files are also logged as artifacts of that run. Exits 2 when the summaries
 are not on the same split and number of games.
 """
@@ -20,7 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as `python scripts/compare_policies.py`
-from evoharness.rollouts import read_history  # noqa: E402
+from evoharness.training.rollouts import read_history  # noqa: E402
 
 TYPES = ("Pick", "Clean", "Heat", "Cool", "Look", "Pick Two")
 META = ("track", "commit", "recall", "note")
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.mlflow_run:
         import mlflow
 
-        from evoharness.tracking import configure
+        from evoharness.registry.tracking import configure
 
         configure(str(Path(__file__).resolve().parent.parent))
         with mlflow.start_run(run_id=a.mlflow_run):

@@ -1,5 +1,5 @@
 """Why evaluation episodes were lost: counts over an evaluation's ``transcripts.jsonl`` (one JSON object per episode,
-as ``evoharness.evaluate`` writes it under ``runs/eval/<run>/evaluate-<split>/``).
+as ``evoharness.evaluation.evaluate`` writes it under ``runs/eval/<run>/evaluate-<split>/``).
 
     python scripts/failure_modes.py runs/eval/<run>/evaluate-valid_seen/transcripts.jsonl \
         [--max-env-steps 50] [--out docs/failure-modes.md]
@@ -16,7 +16,7 @@ For each lost episode (``won`` false) it asks, from the transcript alone:
   episode.
 
 Commands are the executed ones (``command``; the generated ``args.command`` where a row lacks it). Episodes whose
-environment failed (``evoharness.evaluate.environment_failed``) are counted apart and not classified.
+environment failed (``evoharness.evaluation.evaluate.environment_failed``) are counted apart and not classified.
 
 The object type comes from the ALFWorld game folder name; episodes of games named otherwise are counted as
 "object unknown". Prints a table (and writes it as Markdown with ``--out``). Exits 2 when the file holds no episodes.
@@ -31,7 +31,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from evoharness.transcript import load_episodes  # noqa: E402
+from evoharness.evaluation.transcript import load_episodes  # noqa: E402
 
 LOOP_WINDOW = 10
 LOOP_DISTINCT = 3
@@ -77,7 +77,7 @@ def episode_failure(episode: dict, max_env_steps: int) -> dict:
 
 def failure_table(episodes: list[dict], max_env_steps: int) -> list[tuple[str, str]]:
     """(row label, figure) pairs over the lost episodes of ``episodes``; shares are of lost episodes."""
-    from evoharness.evaluate import environment_failed
+    from evoharness.evaluation.evaluate import environment_failed
 
     failed = [environment_failed(e.get("error")) for e in episodes]
     lost = [episode_failure(e, max_env_steps) for e, f in zip(episodes, failed) if not e.get("won") and not f]

@@ -44,8 +44,8 @@ def screenshot(repo: Path, model_uri: str, out: Path) -> dict:
     """Take the screenshot; returns the run id, the URL and the PNG path. Raises RuntimeError on failure."""
     from mlflow import MlflowClient
 
-    from evoharness.registry import parse_model_uri
-    from evoharness.tracking import configure
+    from evoharness.registry.promotion import parse_model_uri
+    from evoharness.registry.tracking import configure
 
     uri = configure(repo)
     name, version = parse_model_uri(model_uri)

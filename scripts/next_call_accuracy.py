@@ -5,7 +5,7 @@ right on 90 % of its calls rarely finishes a 20-step episode without a mistake).
     python scripts/next_call_accuracy.py --model runs/sft/<key>/final --traces runs/traces/<key>/valid.jsonl \
         [--limit 400] [--out docs/next-call-accuracy.md]
 
-Greedy generation of the whole turn (``model.generate``), parsed with ``evoharness.agent.parse_tool_calls``; in a
+Greedy generation of the whole turn (``model.generate``), parsed with ``evoharness.policy.agent.parse_tool_calls``; in a
 ``traces.parallel_calls`` turn each teacher call is compared with the generated call in the same position.
 Prints per tool (``act`` split by the command's verb: go, take, put, open, ...): examples, well-formed share,
 right tool, exact arguments (for ``act``: the exact command). ``--limit`` examples evenly spaced over the file.
@@ -45,11 +45,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from evoharness.agent import parse_tool_calls
     from evoharness.config import TraceConfig
-    from evoharness.context import with_layout
-    from evoharness.harness import TOOLS
-    from evoharness.model import load_policy
+    from evoharness.harness.context import with_layout
+    from evoharness.harness.workspace import TOOLS
+    from evoharness.policy.agent import parse_tool_calls
+    from evoharness.training.model import load_policy
 
     rows = [json.loads(x) for x in Path(a.traces).read_text().splitlines() if x.strip()]
     if not rows or "prompt" not in rows[0]:

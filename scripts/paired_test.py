@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from evoharness.stats import mcnemar_exact  # noqa: E402,F401  (re-exported for callers of this script)
-from evoharness.transcript import load_episodes  # noqa: E402
+from evoharness.evaluation.stats import mcnemar_exact  # noqa: E402,F401  (re-exported for callers of this script)
+from evoharness.evaluation.transcript import load_episodes  # noqa: E402
 
 
 def load_outcomes(path: str | Path) -> dict[str, bool]:

@@ -2,7 +2,7 @@
 
 For a new data version made with changed collection code (e.g. the expert's move tracking, 2026-12-02): the
 committed version stays checked out and named by its ``.dvc`` file while the new one is collected; a killed run
-started again plays only the missing games (``evoharness.collect``). When it is complete, make it the new version
+started again plays only the missing games (``evoharness.data.collect``). When it is complete, make it the new version
 on purpose: move it to the profile's ``collect.path``, ``dvc add`` that path and commit its ``.dvc`` file.
 
     nice -n 19 python scripts/recollect.py --profile full --out runs/data-full-v2
@@ -17,14 +17,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from evoharness.collect import collect, profile_games
 from evoharness.config import load_profile
+from evoharness.data.collect import collect, profile_games
 
 
 def main(argv: list[str] | None = None) -> dict:
     """Collect ``--profile``'s games into ``--out`` (see module docstring); prints progress lines every 25 episodes.
 
-    Returns ``evoharness.collect.collect``'s manifest (episodes, won, steps, failed, settings, games) plus ``wall_s``,
+    Returns ``evoharness.data.collect.collect``'s manifest (episodes, won, steps, failed, settings, games) plus
+    ``wall_s``,
     ``resumed`` and ``worker_stats``. Raises FileNotFoundError when the split's games are missing, and what
     ``load_profile`` raises for an unknown profile."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

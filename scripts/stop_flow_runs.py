@@ -6,7 +6,8 @@ through Prefect (state Cancelled) and close the MLflow runs they left RUNNING as
 
 ``scripts/deploy.sh stop`` (``make deploy-stop``; ``DRAIN=1 make deploy-stop`` drains) runs it with the server's
 ``PREFECT_API_URL`` while the worker is still up: the process worker sees the run go Cancelling, kills its process
-(and with it any trainer it launched: ``evoharness.launch``) and marks it Cancelled. A run still not final after
+(and with it any trainer it launched: ``evoharness.training.launch``) and marks it Cancelled. A run still not final
+after
 ``--timeout`` seconds is set Cancelled by force. Each run's MLflow store is its ``repo`` parameter's, else
 ``--repo``. Prints one line per run: its name, id and final state, and the MLflow runs closed.
 """
@@ -29,7 +30,7 @@ from prefect.client.schemas.objects import StateType
 from prefect.states import Cancelled, Cancelling
 
 from evoharness.faults import close_flow_run_runs
-from evoharness.tracking import configure
+from evoharness.registry.tracking import configure
 
 IN_FLIGHT = [StateType.PENDING, StateType.RUNNING, StateType.CANCELLING, StateType.PAUSED]
 

@@ -1,7 +1,8 @@
 """Task caching keyed on a stage's inputs and the task's source, with content-addressed output folders.
 
 A cacheable stage writes into ``runs/<stage>/<key>/`` where ``key`` hashes what determines its output (the data
-md5 or the parent's content hash, the stage's resolved config, the source of the library modules the stage runs). The Prefect
+md5 or the parent's content hash, the stage's resolved config, the source of the library modules the stage runs). The
+Prefect
 cache key is that key plus the task's source (``TASK_SOURCE``) plus the folder's epoch: a random id written into
 ``<folder>/.cache-epoch`` when the folder is first keyed. A deleted folder gets a new epoch, so its output is
 rebuilt rather than served from a stale cache record; a run that failed stored no record, so its rerun resumes
@@ -18,7 +19,6 @@ from pathlib import Path
 
 from prefect.cache_policies import TASK_SOURCE, CacheKeyFnPolicy
 
-
 LIBRARY_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -34,7 +34,8 @@ def _module_file(name: str, root: Path) -> Path | None:
 
 def module_closure(entries: tuple[str, ...], root: Path = LIBRARY_ROOT, package: str = "evoharness") -> list[Path]:
     """The source files of the ``package`` modules ``entries`` run: each entry, its parent packages' ``__init__``
-    and every ``package`` module it imports, transitively, read statically from the code (``ast``: imports inside functions and subpackages
+    and every ``package`` module it imports, transitively, read statically from the code (``ast``: imports inside
+    functions and subpackages
     included), sorted. Raises FileNotFoundError for an entry that is not a module under ``root``."""
     seen: set[Path] = set()
     todo = list(entries)
@@ -102,9 +103,9 @@ def run_stage(task, *args, **kwargs) -> tuple[object, bool]:
 def transient_only(_task, _task_run, state) -> bool:
     """Prefect ``retry_condition_fn``: retry crashes and flaky failures, never deterministic input errors (a missing
     split or game, a bad record, a data-version mismatch, a bad config), which would fail the same way again."""
-    from evoharness.datastore import DataVersionMismatch
-    from evoharness.pinned import DataVersionUnavailable
-    from evoharness.rawlog import RawLogError
+    from evoharness.data.datastore import DataVersionMismatch
+    from evoharness.data.pinned import DataVersionUnavailable
+    from evoharness.data.rawlog import RawLogError
 
     try:
         state.result()

@@ -10,12 +10,12 @@ import mlflow
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from evoharness import datastore, pinned, rawlog
-from evoharness.alfworld_env import list_games
-from evoharness.collect import profile_games
 from evoharness.config import PipelineConfig
-from evoharness.plots import memory_figure
-from evoharness.tracking import start_run
+from evoharness.data import datastore, pinned, rawlog
+from evoharness.data.collect import profile_games
+from evoharness.env.alfworld import list_games
+from evoharness.evaluation.plots import memory_figure
+from evoharness.registry.tracking import start_run
 from tasks.caching import transient_only
 
 
@@ -31,7 +31,7 @@ def collect_task(cfg: PipelineConfig, repo: str, parent_run_id: str, data_rev: s
     """Ensure ``<collect.path>/`` holds the raw logs its ``.dvc`` file names (check out, pull, collect or
     regenerate), push them to the default DVC remote, and log the collection's figures (episodes/min, worker memory).
     With ``data_rev``: leave the workspace alone and make the DVC cache hold the version that rev names instead
-    (``evoharness.pinned.ensure_version_at``: cached, pulled, or regenerated with the rev's own code)."""
+    (``evoharness.data.pinned.ensure_version_at``: cached, pulled, or regenerated with the rev's own code)."""
     log = get_run_logger()
     c = cfg.collect
     if data_rev:
@@ -126,11 +126,12 @@ def ingest_task(repo: str, data_rev: str | None, parent_run_id: str, on_error: s
 def dagger_task(policy: str, cfg: PipelineConfig, repo: str, tag: str, num_games: int, game_offset: int,
                 workers: int, parent_run_id: str) -> dict:
     """Play ``num_games`` train games (evenly spaced from ``game_offset``) with ``policy``, the handcoded expert
-    labelling each state (``evoharness.dagger``), into the DVC-tracked folder ``data-dagger-<tag>/``; ``dvc add`` and
+    labelling each state (``evoharness.data.dagger``), into the DVC-tracked folder ``data-dagger-<tag>/``; ``dvc add``
+    and
     push it. A folder whose logs its ``.dvc`` file already names is kept as it is (``status`` present); a killed
     collection resumes. Logs the policy, the games and the agreement with the expert to MLflow."""
-    from evoharness.dagger import collect_dagger
-    from evoharness.evaluate import spread
+    from evoharness.data.dagger import collect_dagger
+    from evoharness.evaluation.evaluate import spread
 
     log = get_run_logger()
     path = f"data-dagger-{tag}"

@@ -9,11 +9,11 @@ import mlflow
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from evoharness.alfworld_env import list_games
 from evoharness.config import CostConfig, EvalConfig, TraceConfig
-from evoharness.eval_workers import play_shard_in_subprocess
-from evoharness.evaluate import evaluate, spread
-from evoharness.registry import (
+from evoharness.env.alfworld import list_games
+from evoharness.evaluation.evaluate import evaluate, spread
+from evoharness.evaluation.workers import play_shard_in_subprocess
+from evoharness.registry.promotion import (
     alias_version,
     experience_of,
     link_evaluation,
@@ -22,8 +22,8 @@ from evoharness.registry import (
     promote,
     recorded_evaluation_tag,
 )
-from evoharness.release import ReleaseError, is_release, read_release, record_evaluation, register_release
-from evoharness.tracking import flat, log_and_register, log_trace_dataset, start_run
+from evoharness.registry.release import ReleaseError, is_release, read_release, record_evaluation, register_release
+from evoharness.registry.tracking import flat, log_and_register, log_trace_dataset, start_run
 from tasks.caching import RETRY, transient_only
 
 
@@ -31,7 +31,7 @@ from tasks.caching import RETRY, transient_only
 def evaluate_shard_task(job: list) -> tuple[list[dict], dict]:
     """One evaluation shard (its games played into its own folder) as a Prefect task, run by a worker of the flow's
     task runner, in a child process of that worker with the expert's hash seed
-    (``evoharness.eval_workers.play_shard_in_subprocess``)."""
+    (``evoharness.evaluation.workers.play_shard_in_subprocess``)."""
     return play_shard_in_subprocess(tuple(job))
 
 
@@ -43,7 +43,8 @@ def evaluate_shards_flow(jobs: list) -> list:
 
 
 def shard_runner(cfg: EvalConfig):
-    """``run_shards`` for ``evoharness.evaluate.evaluate`` under ``cfg.task_runner``: None (a local process pool)
+    """``run_shards`` for ``evoharness.evaluation.evaluate.evaluate`` under ``cfg.task_runner``: None (a local process
+    pool)
     for ``processes``; for ``dask``, the shards as Prefect tasks on ``prefect_dask.DaskTaskRunner``: a local
     cluster of ``cfg.workers`` single-threaded worker processes, or the cluster at ``cfg.dask_address``."""
     if cfg.task_runner != "dask":
@@ -256,7 +257,7 @@ def release_parent_evaluation(start: dict, registered_name: str, cfg: EvalConfig
                               parent_run_id: str | None = None) -> dict | None:
     """The parent's outcomes on the games ``cfg`` evaluates, taken from its release's recorded evaluation when the
     release played with the same settings (``release.json``'s ``evaluate`` equal to ``cfg`` but for ``split`` and
-    ``limit``; ``evoharness.release.record_evaluation``), else None (the parent is then evaluated)."""
+    ``limit``; ``evoharness.registry.release.record_evaluation``), else None (the parent is then evaluated)."""
     if not start.get("release") or not _recorded_alike(start["release"], cfg):
         return None
     version = start["model_uri"].rsplit("/", 1)[1]

@@ -8,7 +8,7 @@ import json
 import mlflow
 
 from evoharness.config import PipelineConfig
-from evoharness.tracking import configure, git_info, start_run
+from evoharness.registry.tracking import configure, git_info, start_run
 
 
 @contextlib.contextmanager
@@ -16,7 +16,7 @@ def pipeline_run(name: str, cfg: PipelineConfig, repo: str, data_rev: str | None
     """Configure the embedded MLflow store and hold one parent run (yielded) for the whole flow run.
 
     Like every stage run it records its process, and first closes as KILLED the runs of the same name, and their
-    stage runs, left RUNNING by a killed flow (``evoharness.tracking.start_run``).
+    stage runs, left RUNNING by a killed flow (``evoharness.registry.tracking.start_run``).
 
     Tags: git commit and dirty flag, profile, data rev, Prefect flow-run and deployment ids. The resolved config
     is logged as ``config.json``.

@@ -9,12 +9,12 @@ import mlflow
 from prefect import get_run_logger, task
 
 from evoharness.config import PipelineConfig
-from evoharness.traces import build_traces
-from evoharness.tracking import log_trace_dataset, start_run
+from evoharness.harness.traces import build_traces
+from evoharness.registry.tracking import log_trace_dataset, start_run
 from tasks.caching import content_key, stage_policy
 
-
-TRACES_CODE = ("evoharness.traces",)  # the library code the stage runs: its cache key covers these and their imports
+TRACES_CODE = ("evoharness.harness.traces",)  # the library code the stage runs: its cache key covers these and their
+                                              # imports
 
 
 def traces_dir(p: dict) -> Path:

@@ -14,18 +14,18 @@ import mlflow
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from evoharness.alfworld_env import list_games
 from evoharness.config import PipelineConfig
-from evoharness.context import layout_of
+from evoharness.env.alfworld import list_games
+from evoharness.evaluation.plots import annealing_figure
 from evoharness.faults import writer_lock
-from evoharness.harness import ExperienceStore
-from evoharness.launch import accelerate_launch
-from evoharness.model import build_default_model, load_policy, num_parameters
-from evoharness.plots import annealing_figure
-from evoharness.registry import parse_model_uri
-from evoharness.release import experience_path as release_experience
-from evoharness.rollouts import read_history
-from evoharness.tracking import start_run
+from evoharness.harness.context import layout_of
+from evoharness.harness.workspace import ExperienceStore
+from evoharness.registry.promotion import parse_model_uri
+from evoharness.registry.release import experience_path as release_experience
+from evoharness.registry.tracking import start_run
+from evoharness.training.launch import accelerate_launch
+from evoharness.training.model import build_default_model, load_policy, num_parameters
+from evoharness.training.rollouts import read_history
 from tasks.caching import RETRY, content_key, stage_policy
 
 
@@ -38,8 +38,8 @@ def _child_env(run_id: str) -> dict:
 
 
 # the library code each stage runs (entry modules; their cache keys cover these and everything they import)
-SFT_CODE = ("evoharness.sft", "evoharness.model")
-GRPO_CODE = ("evoharness.grpo",)
+SFT_CODE = ("evoharness.training.sft", "evoharness.training.model")
+GRPO_CODE = ("evoharness.training.grpo",)
 
 
 def sft_dir(p: dict) -> Path:
@@ -108,8 +108,8 @@ def sft_task(cfg: PipelineConfig, traces: dict, work_dir: str, parent_run_id: st
             "sft": dataclasses.asdict(cfg.sft),
             "layout": layout_of(cfg.traces),
         }
-        result = accelerate_launch("evoharness.sft", spec, out, cfg.sft.num_processes, _child_env(run.info.run_id),
-                                   config_file=cfg.sft.accelerate_config or None)
+        result = accelerate_launch("evoharness.training.sft", spec, out, cfg.sft.num_processes,
+                                   _child_env(run.info.run_id), config_file=cfg.sft.accelerate_config or None)
         model, _ = load_policy(result["final_path"])
         result["parameters"] = num_parameters(model)
         mlflow.log_metrics(
@@ -167,7 +167,7 @@ def take_model(model: str, work_dir: str, dst: Path | None = None) -> dict:
     when a folder has no ``config.json``."""
     from mlflow import MlflowClient
 
-    from evoharness.evaluate import resolve_model_path
+    from evoharness.evaluation.evaluate import resolve_model_path
 
     parsed = parse_model_uri(model)
     if parsed is None:
@@ -198,7 +198,7 @@ def grpo_task(cfg: PipelineConfig, sft: dict, traces: dict, work_dir: str, paren
     """Cost-aware GRPO from the SFT checkpoint on multi-turn ALFWorld episodes; logs the annealing curve.
 
     Cached on (SFT checkpoint, GRPO and cost settings, task source); resumes from its checkpoints. Either context
-    layout (``evoharness.rollouts``)."""
+    layout (``evoharness.training.rollouts``)."""
     g = cfg.grpo
     out = grpo_dir({"sft": sft, "cfg": cfg, "work_dir": work_dir})
     games = list_games(g.split, limit=g.num_games, offset=g.game_offset)
@@ -222,7 +222,7 @@ def grpo_task(cfg: PipelineConfig, sft: dict, traces: dict, work_dir: str, paren
         out.mkdir(parents=True, exist_ok=True)
         if not (out / "experience.db").exists() and Path(traces["experience_path"]).exists():
             ExperienceStore(traces["experience_path"]).copy_to(out / "experience.db")
-        result = accelerate_launch("evoharness.grpo", spec, out, g.num_processes, _child_env(run.info.run_id),
+        result = accelerate_launch("evoharness.training.grpo", spec, out, g.num_processes, _child_env(run.info.run_id),
                                    config_file=g.accelerate_config or None)
         history = read_history(out / "history.jsonl")  # a resumed step counted once
         mlflow.log_figure(annealing_figure(history), "annealing.png")

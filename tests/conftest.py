@@ -16,9 +16,9 @@ for key, value in {"DO_NOT_TRACK": "true", "MLFLOW_DISABLE_TELEMETRY": "true", "
 # Prefect's cache records and persisted results of this session stay out of the repo's runs/
 os.environ["PREFECT_RESULTS_LOCAL_STORAGE_PATH"] = tempfile.mkdtemp(prefix="evoharness-prefect-results-")
 
-from evoharness.alfworld_env import list_games  # noqa: E402
-from evoharness.collect import collect  # noqa: E402
 from evoharness.config import CollectConfig  # noqa: E402
+from evoharness.data.collect import collect  # noqa: E402
+from evoharness.env.alfworld import list_games  # noqa: E402
 
 
 def git(repo, *args):

@@ -2,12 +2,12 @@ import json
 
 import pytest
 
-from evoharness.adapters import GymTextEnv, ReplayEnv
-from evoharness.agent import Decision, ExpertPolicy, run_episode
-from evoharness.alfworld_env import games_root, list_games
 from evoharness.config import CostConfig
-from evoharness.harness import ExperienceStore, Workspace
-from evoharness.rawlog import parse_lines
+from evoharness.data.rawlog import parse_lines
+from evoharness.env.adapters import GymTextEnv, ReplayEnv
+from evoharness.env.alfworld import games_root, list_games
+from evoharness.harness.workspace import ExperienceStore, Workspace
+from evoharness.policy.agent import Decision, ExpertPolicy, run_episode
 
 
 def test_replay_env_reproduces_a_logged_episode(tiny_logs):
@@ -57,7 +57,7 @@ def test_gym_style_text_env_runs_through_the_harness():
 def test_expert_through_the_loop_matches_the_collected_expert(tiny_logs, tiny_games):
     """The handcoded expert played through the harness loop wins exactly the games it won in collection
     (unperturbed episodes)."""
-    from evoharness.alfworld_env import ALFWorldEnv
+    from evoharness.env.alfworld import ALFWorldEnv
 
     out, _ = tiny_logs
     eps = {e.game: e for e in parse_lines((out / "logs" / "shard-00000.jsonl").read_text().splitlines(), "s")}

@@ -1,14 +1,14 @@
-"""Per-turn advantages (evoharness.advantages) and the group rows TRL receives when every turn is trained
-(evoharness.rollouts.advantage_samples): each value against a hand computation."""
+"""Per-turn advantages (evoharness.training.advantages) and the group rows TRL receives when every turn is trained
+(evoharness.training.rollouts.advantage_samples): each value against a hand computation."""
 
 import math
 from types import SimpleNamespace
 
 import pytest
 
-from evoharness.advantages import discounted_returns, episode_advantages, turn_advantages
 from evoharness.config import GRPOStageConfig
-from evoharness.rollouts import advantage_samples
+from evoharness.training.advantages import discounted_returns, episode_advantages, turn_advantages
+from evoharness.training.rollouts import advantage_samples
 
 R2 = math.sqrt(2)
 

@@ -1,9 +1,9 @@
 import pytest
 
-from evoharness.agent import Decision, closest_admissible, parse_tool_call, run_episode
-from evoharness.alfworld_env import ALFWorldEnv, StepResult, list_games
 from evoharness.config import CostConfig
-from evoharness.harness import ExperienceStore, Workspace
+from evoharness.env.alfworld import ALFWorldEnv, StepResult, list_games
+from evoharness.harness.workspace import ExperienceStore, Workspace
+from evoharness.policy.agent import Decision, closest_admissible, parse_tool_call, run_episode
 
 
 def test_parse_tool_call():
@@ -180,7 +180,7 @@ def test_workspace_stays_within_budget_over_a_50_step_episode():
 def test_transcript_table_command(tmp_path, capsys):
     import json
 
-    from evoharness.transcript import main
+    from evoharness.evaluation.transcript import main
 
     res = run_episode(Crashing(), Scripted([Decision("commit", {"id": "g", "status": "active"})]),
                       Workspace(ExperienceStore()), CostConfig())

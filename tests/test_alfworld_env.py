@@ -1,9 +1,9 @@
 import pytest
 
-from evoharness.agent import ExpertPolicy, run_episode
-from evoharness.alfworld_env import ALFWorldEnv, list_games, task_params_from_path, task_type_of
 from evoharness.config import CostConfig
-from evoharness.harness import ExperienceStore, Workspace
+from evoharness.env.alfworld import ALFWorldEnv, list_games, task_params_from_path, task_type_of
+from evoharness.harness.workspace import ExperienceStore, Workspace
+from evoharness.policy.agent import ExpertPolicy, run_episode
 
 
 def test_list_games_counts_and_unknown_split():

@@ -1,4 +1,5 @@
-"""Batched policy inference (``evoharness.batching``, ``evoharness.batched_play``, ``evoharness.env_pool``): the
+"""Batched policy inference (``evoharness.policy.batching``, ``evoharness.policy.batched_play``,
+``evoharness.env.pool``): the
 committed release, real ``valid_seen`` games, real environment processes."""
 
 import dataclasses
@@ -10,18 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from evoharness.alfworld_env import list_games
-from evoharness.batching import BatchEngine
-from evoharness.env_pool import EnvWorker, RemoteEnv
-from evoharness.evaluate import spread
-from evoharness.lm_policy import COMMAND_OPEN, ENTITY_OPEN, VALUE_OPEN, LMPolicy
+from evoharness.env.alfworld import list_games
+from evoharness.env.pool import EnvWorker, RemoteEnv
+from evoharness.evaluation.evaluate import spread
+from evoharness.policy.batching import BatchEngine
+from evoharness.policy.lm_policy import COMMAND_OPEN, ENTITY_OPEN, VALUE_OPEN, LMPolicy
 
 RELEASE = Path(__file__).resolve().parent.parent / "models" / "evoharness-full-sft"
 
 
 @pytest.fixture(scope="module")
 def release_model():
-    from evoharness.model import load_policy
+    from evoharness.training.model import load_policy
 
     model, tok = load_policy(str(RELEASE))
     return model.eval(), tok
@@ -134,7 +135,8 @@ def test_a_failing_batch_raises_in_every_waiting_episode(release_model):
     model, tok = release_model
     engine = BatchEngine(model, tok)
     errors = _serve(engine, [lambda: _raises(lambda: engine.score([10**6, 1], [[1]]))] * 2)
-    assert all(isinstance(e, IndexError) for e in errors)  # a token id past the vocabulary: the forward pass itself failed
+    assert all(isinstance(e, IndexError) for e in errors)  # a token id past the vocabulary: the forward pass itself
+                                                           # failed
 
 
 def _raises(fn):
@@ -149,8 +151,8 @@ def test_batched_evaluation_plays_what_batch_1_plays(tmp_path):
     """Three valid_seen games, 5 steps, the release's settings: every episode makes the same calls with the same
     commands as one at a time, until (if ever) a recall returns a lesson noted by an episode that, one at a time,
     had ended before it (the first game's episode has no such lesson)."""
-    from evoharness.evaluate import evaluate
-    from evoharness.release import experience_path, play_settings
+    from evoharness.evaluation.evaluate import evaluate
+    from evoharness.registry.release import experience_path, play_settings
 
     cfg, cost = play_settings(RELEASE)
     cfg = dataclasses.replace(cfg, max_env_steps=5, workers=1)

@@ -5,8 +5,8 @@ import os
 import pytest
 
 from conftest import TINY_COLLECT, git
-from evoharness.collect import collect, invalid_command, play_expert_episode
-from evoharness.rawlog import RawLogError, dvc_md5, parse_lines, read_episodes
+from evoharness.data.collect import collect, invalid_command, play_expert_episode
+from evoharness.data.rawlog import RawLogError, dvc_md5, parse_lines, read_episodes
 
 
 def test_collection_is_byte_identical_across_runs_and_worker_counts(tmp_path, tiny_games, tiny_logs):
@@ -70,7 +70,7 @@ def test_read_episodes_at_two_dvc_revisions(git_repo, tiny_logs):
     """Two real DVC versions in a temporary git repo: each rev reads back its own data and md5."""
     import shutil
 
-    from evoharness.datastore import dvc_add, ensure_dvc_repo
+    from evoharness.data.datastore import dvc_add, ensure_dvc_repo
 
     out, _ = tiny_logs
     ensure_dvc_repo(git_repo)
@@ -93,7 +93,7 @@ def test_read_episodes_at_two_dvc_revisions(git_repo, tiny_logs):
     assert len(eps1) == 3 and len(eps2) == 2 and last not in {e.episode_id for e in eps2}
     # the same rev gives byte-identical traces (equal content hash), the other rev a different hash
     from evoharness.config import TraceConfig
-    from evoharness.traces import build_traces
+    from evoharness.harness.traces import build_traces
 
     h1 = build_traces(eps1, TraceConfig(), git_repo.parent / "t1")["content_hash"]
     h1_again = build_traces(read_episodes(git_repo, rev1)[0], TraceConfig(), git_repo.parent / "t1b")["content_hash"]
@@ -111,12 +111,12 @@ def test_killed_collection_resumes_without_duplicates_or_losses(tmp_path, tiny_g
     import sys
     import time
 
-    from evoharness.collect import partial_dir
+    from evoharness.data.collect import partial_dir
 
     out = tmp_path / "data"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     script = ("import sys; sys.path[:0] = ['.', 'tests']; from conftest import TINY_COLLECT; "
-              "from evoharness.collect import collect; "
+              "from evoharness.data.collect import collect; "
               f"collect({tiny_games!r}, {str(out)!r}, TINY_COLLECT)")
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=root, start_new_session=True)
     partial = partial_dir(out, TINY_COLLECT)
@@ -137,7 +137,7 @@ def test_killed_collection_resumes_without_duplicates_or_losses(tmp_path, tiny_g
 def test_a_rerun_plays_again_an_episode_that_failed_and_keeps_the_rest(tmp_path, tiny_games, tiny_logs):
     """An episode saved with an error (here a stall past the timeout, as a loaded machine gives) is played again by
     the rerun; the others are kept as saved. The logs then equal an uninterrupted collection's, and none failed."""
-    from evoharness.collect import partial_dir
+    from evoharness.data.collect import partial_dir
 
     ref, _ = tiny_logs
     lines = (ref / "logs" / "shard-00000.jsonl").read_text().splitlines()
@@ -200,7 +200,7 @@ def test_truncated_and_inconsistent_episodes_are_rejected(tiny_logs):
 def test_collection_does_not_depend_on_the_callers_hash_seed(tmp_path):
     """ALFWorld's handcoded expert depends on Python's string hash seed: in this game, before move tracking
     (``alfworld_env._tracking_moves``), its 25th command differed between PYTHONHASHSEED 1 and 2 (measured). The
-    collection workers run with the seed pinned (``evoharness.collect.expert_pool``): collections started from
+    collection workers run with the seed pinned (``evoharness.data.collect.expert_pool``): collections started from
     processes with those two seeds give the same bytes, and their workers hash a string alike (``str_hash``)."""
     import subprocess
     import sys
@@ -211,7 +211,7 @@ def test_collection_does_not_depend_on_the_callers_hash_seed(tmp_path):
     for seed in ("1", "2"):
         out = tmp_path / f"seed{seed}"
         script = ("import sys; sys.path[:0] = ['.', 'tests']; import dataclasses; from conftest import TINY_COLLECT; "
-                  "from evoharness.collect import collect; "
+                  "from evoharness.data.collect import collect; "
                   f"m = collect([{game!r}], {str(out)!r}, dataclasses.replace(TINY_COLLECT, perturb_share=0.25)); "
                   "print([w['str_hash'] for w in m['worker_stats']])")
         done = subprocess.run([sys.executable, "-c", script], cwd=root, check=True, timeout=600, capture_output=True,

@@ -9,11 +9,11 @@ import shutil
 import pytest
 
 from conftest import git
-from evoharness import datastore
 from evoharness.config import CostConfig, EvalConfig, TraceConfig
-from evoharness.dagger import collect_dagger
-from evoharness.rawlog import dagger_policy, parse_lines
-from evoharness.traces import build_traces
+from evoharness.data import datastore
+from evoharness.data.dagger import collect_dagger
+from evoharness.data.rawlog import dagger_policy, parse_lines
+from evoharness.harness.traces import build_traces
 
 EVAL = EvalConfig(split="train", limit=0, max_env_steps=12, max_meta_actions=2, decoding="remap")
 TURN = TraceConfig(context="turn", won_only=True)
@@ -122,7 +122,7 @@ def test_traces_target_the_expert_labels_and_keep_lost_dagger_episodes(dagger_lo
 
 
 def test_lineage_resolves_aggregated_data_and_names_the_dagger_policy(dagger_logs, tiny_logs, git_repo):
-    from evoharness.lineage import LineageError, resolve_data
+    from evoharness.registry.lineage import LineageError, resolve_data
 
     shutil.copytree(tiny_logs[0], git_repo / "data")
     shutil.copytree(dagger_logs[0], git_repo / "data-dagger-t")

@@ -1,4 +1,5 @@
-"""evoharness.evaluate resumes an interrupted evaluation: finished episodes are kept, environment failures and
+"""evoharness.evaluation.evaluate resumes an interrupted evaluation: finished episodes are kept, environment failures
+and
 missing games are played, and a folder of another policy is refused. Real games, the real handcoded expert."""
 
 import json
@@ -6,7 +7,7 @@ import json
 import pytest
 
 from evoharness.config import CostConfig, EvalConfig
-from evoharness.evaluate import environment_failed, evaluate
+from evoharness.evaluation.evaluate import environment_failed, evaluate
 
 CFG = EvalConfig(split="train", limit=0, max_env_steps=50)
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from evoharness.config import CostConfig, EvalConfig
-from evoharness.evaluate import evaluate
+from evoharness.evaluation.evaluate import evaluate
 
 CFG = EvalConfig(split="train", limit=0, max_env_steps=50)
 
@@ -84,14 +84,14 @@ def test_workers_of_a_killed_evaluation_exit_and_a_rerun_resumes(tmp_path):
     import sys
     import time
 
-    from evoharness.alfworld_env import list_games
+    from evoharness.env.alfworld import list_games
 
     games = list_games("train", limit=8, stride=400)
     out = tmp_path / "eval"
     cfg = dataclasses.replace(CFG, workers=2)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     script = ("import dataclasses; from evoharness.config import CostConfig, EvalConfig; "
-              "from evoharness.evaluate import evaluate; "
+              "from evoharness.evaluation.evaluate import evaluate; "
               f"evaluate('expert', {games!r}, {cfg!r}, CostConfig(), {str(out)!r}, progress=None)")
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=root, start_new_session=True)
     shards = [out / "shard-0-of-2" / "transcripts.jsonl", out / "shard-1-of-2" / "transcripts.jsonl"]

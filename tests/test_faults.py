@@ -70,10 +70,11 @@ def kill9(p: subprocess.Popen) -> None:
 
 @pytest.fixture
 def store(tmp_path, monkeypatch):
-    """A real MLflow sqlite store in ``tmp_path/mlflow`` (``evoharness.tracking.configure``), as the stages use."""
+    """A real MLflow sqlite store in ``tmp_path/mlflow`` (``evoharness.registry.tracking.configure``), as the stages
+    use."""
     import mlflow
 
-    from evoharness.tracking import configure
+    from evoharness.registry.tracking import configure
 
     before = mlflow.get_tracking_uri()
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -86,7 +87,7 @@ def store(tmp_path, monkeypatch):
 
 STARTER = """
     import sys, time
-    from evoharness.tracking import configure, start_run
+    from evoharness.registry.tracking import configure, start_run
     configure(sys.argv[1])
     with start_run("pipeline") as parent:
         with start_run("sft", parent.info.run_id) as child:
@@ -107,7 +108,7 @@ def test_each_repository_gets_its_own_store_in_one_process(tmp_path, monkeypatch
     """MLflow writes MLFLOW_TRACKING_URI into os.environ; the next repository must still get its own store."""
     import mlflow
 
-    from evoharness import tracking
+    from evoharness.registry import tracking
 
     monkeypatch.setattr(tracking, "USER_TRACKING_URI", None)
     before = mlflow.get_tracking_uri()
@@ -126,7 +127,7 @@ def test_each_repository_gets_its_own_store_in_one_process(tmp_path, monkeypatch
 def test_runs_of_a_killed_process_are_closed_as_killed_when_the_flow_starts_again(store, spawned, caplog):
     from mlflow import MlflowClient
 
-    from evoharness.tracking import start_run
+    from evoharness.registry.tracking import start_run
 
     procs, _ = spawned
     client = MlflowClient()
@@ -161,7 +162,7 @@ def test_a_run_whose_pid_now_names_another_process_is_closed(store):
     import mlflow
     from mlflow import MlflowClient
 
-    from evoharness.tracking import start_run
+    from evoharness.registry.tracking import start_run
 
     client = MlflowClient()
     exp = mlflow.get_experiment_by_name("evoharness").experiment_id
@@ -182,7 +183,7 @@ def test_a_run_whose_pid_now_names_another_process_is_closed(store):
 HOLDER = """
     import sys, time
     from evoharness.faults import writer_lock
-    with writer_lock(sys.argv[1], what="evoharness.sft"):
+    with writer_lock(sys.argv[1], what="evoharness.training.sft"):
         print("held", flush=True)
         time.sleep(float(sys.argv[2]))
 """
@@ -197,7 +198,7 @@ def hold(procs, folder, seconds: float = 300) -> subprocess.Popen:
 
 
 def test_a_live_writer_is_named_and_a_second_launch_starts_nothing(tmp_path, spawned):
-    from evoharness.launch import accelerate_launch
+    from evoharness.training.launch import accelerate_launch
 
     procs, _ = spawned
     folder = tmp_path / "sft" / "key"
@@ -207,10 +208,11 @@ def test_a_live_writer_is_named_and_a_second_launch_starts_nothing(tmp_path, spa
         with writer_lock(folder, wait_s=0):
             pytest.fail("a second writer got the folder")
     message = str(err.value)
-    assert f"{folder} is being written by PID {holder.pid} on host {socket.gethostname()} (evoharness.sft)" in message
+    host = socket.gethostname()
+    assert f"{folder} is being written by PID {holder.pid} on host {host} (evoharness.training.sft)" in message
     assert f"since {lock['since']}" in message and f"kill {holder.pid}" in message
     with pytest.raises(FolderBusy, match=f"PID {holder.pid}"):  # a retried stage: refused before anything starts
-        accelerate_launch("evoharness.sft", {"a": 1}, folder)
+        accelerate_launch("evoharness.training.sft", {"a": 1}, folder)
     assert not (folder / "spec.json").exists()
     assert json.loads((folder / LOCK_NAME).read_text())["pid"] == str(holder.pid)  # still the live writer's
 
@@ -239,7 +241,7 @@ def test_a_reused_pid_does_not_hold_the_lock(tmp_path):
 def test_the_holder_may_take_its_own_lock_again(tmp_path):
     """A stage that locks its folder around ``accelerate_launch`` (which locks it too) is not refused by itself."""
     with writer_lock(tmp_path, wait_s=0, what="sft stage"):
-        with writer_lock(tmp_path, wait_s=0, what="evoharness.sft") as inner:
+        with writer_lock(tmp_path, wait_s=0, what="evoharness.training.sft") as inner:
             inner.add_child(os.getppid())
         lock = json.loads((tmp_path / LOCK_NAME).read_text())
         assert lock["what"] == "sft stage" and lock["child_pid"] == str(os.getppid())  # kept by the inner exit
@@ -261,7 +263,7 @@ def test_a_launch_asked_to_wait_gets_the_folder_when_the_writer_ends(tmp_path, s
 
 LAUNCHER = """
     import sys
-    from evoharness.launch import run_as_group
+    from evoharness.training.launch import run_as_group
     print("exit", run_as_group([sys.executable, "-c", sys.argv[1]]), flush=True)
 """
 # stands in for `accelerate launch`: starts one trainer through the wrapper, as accelerate_launch has it do, and one
@@ -272,7 +274,7 @@ d = pathlib.Path({folder!r})
 sleeper = "import os, pathlib, time; pathlib.Path(%r).write_text(str(os.getpid())); time.sleep(300)"
 subprocess.Popen([sys.executable, "-c", sleeper % str(d / "plain")])
 (d / "middle").write_text(str(os.getpid()))
-subprocess.run([sys.executable, "-m", "evoharness.launch", sys.executable, "-c", sleeper % str(d / "trainer")])
+subprocess.run([sys.executable, "-m", "evoharness.training.launch", sys.executable, "-c", sleeper % str(d / "trainer")])
 """
 
 
@@ -325,7 +327,7 @@ lock = json.loads((out / ".writer.lock").read_text())
 def test_accelerate_launch_starts_the_trainer_as_one_writer_that_dies_with_it(tmp_path):
     """The real `accelerate launch` (one CPU process) on a probe module: the trainer has the parent-death signal
     armed, its parent leads the trainers' process group, and the lock names the launcher and that group."""
-    from evoharness.launch import accelerate_launch
+    from evoharness.training.launch import accelerate_launch
 
     (tmp_path / "faultprobe.py").write_text(PROBE)
     out = tmp_path / "out"
@@ -351,8 +353,8 @@ def episode(n: int) -> list[dict]:
 
 
 def test_a_corrupt_record_says_what_to_do_and_each_remedy_works(tmp_path):
-    from evoharness.datastore import dvc_add, ensure_dvc_repo
-    from evoharness.rawlog import RawLogError, read_episodes
+    from evoharness.data.datastore import dvc_add, ensure_dvc_repo
+    from evoharness.data.rawlog import RawLogError, read_episodes
 
     repo = make_git_repo(tmp_path / "repo")
     ensure_dvc_repo(repo)
@@ -386,8 +388,8 @@ def test_a_corrupt_record_says_what_to_do_and_each_remedy_works(tmp_path):
 
 
 def test_the_summary_counts_quarantined_records():
-    from evoharness.harness import META_ACTIONS
-    from evoharness.report import EVAL_KEYS, pipeline_summary, print_summary
+    from evoharness.evaluation.report import EVAL_KEYS, pipeline_summary, print_summary
+    from evoharness.harness.workspace import META_ACTIONS
 
     ev = {k: 0.0 for k in EVAL_KEYS} | {"split": "valid_seen", "success_by_task_type": {}, "episodes_by_task_type": {},
                                         "meta_actions_per_episode": {m: 0.0 for m in META_ACTIONS},

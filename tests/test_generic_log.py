@@ -6,8 +6,8 @@ import json
 import pytest
 
 from conftest import git
-from evoharness.generic_log import FORMAT, parse_generic_lines, to_records, validate_generic
-from evoharness.rawlog import RawLogError, read_episodes, validate_record
+from evoharness.data.generic_log import FORMAT, parse_generic_lines, to_records, validate_generic
+from evoharness.data.rawlog import RawLogError, read_episodes, validate_record
 
 WON = {"format": FORMAT, "episode_id": "web-1", "task": "find the weather in Paris and report it",
        "initial_observation": "You are a web assistant.", "source": "my-agent",
@@ -120,7 +120,7 @@ def test_quarantine_keeps_good_episodes_and_reports_bad_ones():
 
 def test_read_episodes_reads_generic_shards_through_dvc(git_repo):
     """A real git+DVC repo with a generic shard next to a raw-log shard: both are read at a committed rev."""
-    from evoharness.datastore import dvc_add, ensure_dvc_repo
+    from evoharness.data.datastore import dvc_add, ensure_dvc_repo
 
     ensure_dvc_repo(git_repo)
     logs = git_repo / "data" / "logs"

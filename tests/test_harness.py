@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from evoharness.config import CostConfig
-from evoharness.harness import ExperienceStore, Workspace, tokens
+from evoharness.harness.workspace import ExperienceStore, Workspace, tokens
 
 
 def ws():

@@ -9,8 +9,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import paired_test  # noqa: E402
 
-from evoharness.agent import EpisodeResult  # noqa: E402
-from evoharness.evaluate import summarize  # noqa: E402
+from evoharness.evaluation.evaluate import summarize  # noqa: E402
+from evoharness.policy.agent import EpisodeResult  # noqa: E402
 
 
 def episode(game: str, won: bool) -> EpisodeResult:

@@ -1,5 +1,5 @@
 """A rerun pinned to an older data version on a fresh clone with no DVC cache and no reachable remote: the version
-is regenerated with that rev's own collection code and settings and read at the rev (evoharness.pinned)."""
+is regenerated with that rev's own collection code and settings and read at the rev (evoharness.data.pinned)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from conftest import git, make_git_repo
-from evoharness.collect import profile_games
 from evoharness.config import CollectConfig
-from evoharness.datastore import ensure_data
-from evoharness.pinned import DataVersionUnavailable, ensure_version_at, in_cache
-from evoharness.rawlog import dvc_md5, read_episodes
+from evoharness.data.collect import profile_games
+from evoharness.data.datastore import ensure_data
+from evoharness.data.pinned import DataVersionUnavailable, ensure_version_at, in_cache
+from evoharness.data.rawlog import dvc_md5, read_episodes
 
 pytestmark = pytest.mark.slow  # three collections and a flow run in a worktree
 
@@ -56,7 +56,7 @@ def versions(tmp_path_factory):
     shutil.rmtree(proj / "evoharness" / "__pycache__", ignore_errors=True)
     (proj / "profiles").mkdir()
     (proj / ".gitignore").write_text("__pycache__/\n/mlflow/\n/runs/\n")
-    from evoharness.datastore import ensure_dvc_repo
+    from evoharness.data.datastore import ensure_dvc_repo
 
     ensure_dvc_repo(proj)
     subprocess.run([sys.executable, "-m", "dvc", "remote", "add", "-d", "store", str(base / "gone")], cwd=proj, check=True,
@@ -100,7 +100,7 @@ def test_a_version_nothing_can_produce_is_named_with_the_remote_and_what_to_do(v
 
 def test_a_failed_read_names_the_version_the_cache_and_the_remote(versions):
     """The ingest stage's message when DVC cannot read a pinned rev's logs (tasks.data.ingest_task adds the hint)."""
-    from evoharness.pinned import read_failure_hint
+    from evoharness.data.pinned import read_failure_hint
 
     fresh, (rev, md5) = versions["fresh"], versions["new"]
     shutil.rmtree(versions["proj"].parent / "gone", ignore_errors=True)

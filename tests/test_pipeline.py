@@ -11,8 +11,8 @@ import time
 import pytest
 
 from conftest import TINY_COLLECT, git, make_git_repo
-from evoharness.datastore import DataVersionMismatch, ensure_data
-from evoharness.rawlog import dvc_md5
+from evoharness.data.datastore import DataVersionMismatch, ensure_data
+from evoharness.data.rawlog import dvc_md5
 
 pytestmark = pytest.mark.slow  # real flow runs: `make test-fast` leaves them out
 
@@ -119,7 +119,8 @@ def test_pinned_rerun_and_registered_model_evaluation(first_run, pipeline_repo):
 
     rev = git(pipeline_repo, "rev-parse", "HEAD")
     second = pipeline(profile="tiny", repo=str(pipeline_repo), data_rev=rev)
-    assert second["data"]["status"] == "cached"  # pinned: the rev's version is in the DVC cache, the workspace untouched
+    assert second["data"]["status"] == "cached"  # pinned: the rev's version is in the DVC cache, the workspace
+                                                 # untouched
     assert second["stage_cached"] == {"collect": False, "ingest": False, "build_traces": True, "sft": True,
                                       "grpo": True, "register": False, "evaluate": False, "promote": False}
     assert second["traces"]["content_hash"] == first_run["traces"]["content_hash"]
@@ -161,8 +162,8 @@ def test_sft_trains_further_from_a_registered_version(first_run, pipeline_repo, 
     version's lineage names it (an auditor sees which model it was trained from)."""
     from mlflow import MlflowClient
 
-    from evoharness.evaluate import resolve_model_path
-    from evoharness.model import load_policy
+    from evoharness.evaluation.evaluate import resolve_model_path
+    from evoharness.training.model import load_policy
     from flows.pipeline import pipeline
 
     profile = tmp_path / "tiny-further.yaml"
@@ -209,7 +210,7 @@ def run_lineage(repo, uri):
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-m", "evoharness.lineage", uri, "--repo", str(repo)],
+    return subprocess.run([sys.executable, "-m", "evoharness.registry.lineage", uri, "--repo", str(repo)],
                           capture_output=True, text=True, timeout=300)
 
 
@@ -341,7 +342,7 @@ def test_edited_logs_are_not_silently_a_new_version(git_repo, tiny_games):
 def test_a_clone_pulls_the_pushed_version_from_the_default_remote(tmp_path, git_repo, tiny_games):
     """A tracked folder other than data/, pushed to a local directory remote outside the repo, comes back in a fresh
     clone (no DVC cache) through `dvc pull`, byte for byte, without playing a game."""
-    from evoharness.datastore import default_remote, ensure_dvc_repo
+    from evoharness.data.datastore import default_remote, ensure_dvc_repo
 
     ensure_dvc_repo(git_repo)
     with (git_repo / ".dvc" / "config").open("a") as fh:
@@ -418,11 +419,11 @@ def test_work_folder_resumes_in_the_evaluate_folder_it_is_given(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_release(first_run, pipeline_repo):
-    """first_run's policy exported as a release folder, as `python -m evoharness.release export` writes one."""
+    """first_run's policy exported as a release folder, as `python -m evoharness.registry.release export` writes one."""
     import json
 
     from evoharness.config import load_profile
-    from evoharness.release import export_release, training_from
+    from evoharness.registry.release import export_release, training_from
 
     paths = first_run["paths"]
     result = json.loads((pipeline_repo / paths["sft_dir"] / "result.json").read_text())
@@ -432,9 +433,9 @@ def tiny_release(first_run, pipeline_repo):
 
 
 def test_release_folder_and_card_state_the_summary_figures(first_run, tiny_release):
-    from evoharness.model import load_policy
-    from evoharness.model_card import card_figures
-    from evoharness.release import MAX_RELEASE_BYTES, read_release, release_bytes
+    from evoharness.registry.model_card import card_figures
+    from evoharness.registry.release import MAX_RELEASE_BYTES, read_release, release_bytes
+    from evoharness.training.model import load_policy
 
     rel = read_release(tiny_release)
     assert rel["lineage"]["trace_hash"] == first_run["traces"]["content_hash"]
@@ -474,7 +475,8 @@ def test_register_release_and_its_lineage(first_run, tiny_release, pipeline_repo
 
     from mlflow import MlflowClient
 
-    cmd = [sys.executable, "-m", "evoharness.release", "register", str(tiny_release), "--name", "evoharness-released",
+    cmd = [sys.executable, "-m", "evoharness.registry.release", "register", str(tiny_release),
+           "--name", "evoharness-released",
            "--repo", str(pipeline_repo)]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from evoharness.model_card import card_figures
-from evoharness.release import (
+from evoharness.registry.model_card import card_figures
+from evoharness.registry.release import (
     MAX_RELEASE_BYTES,
     ReleaseError,
     read_release,
@@ -55,7 +55,7 @@ def test_card_states_the_evaluation_summary(release):
         assert f"{rel['training']['steps'] + rel['parent']['steps']:,} in all" in card
         t = rel["parent"].get("paired_test")
         if t:  # its paired test against the parent's recorded outcomes, recomputed from both releases' games
-            from evoharness.stats import mcnemar_exact
+            from evoharness.evaluation.stats import mcnemar_exact
 
             name = rel["parent"]["name"]
             theirs = json.loads((ROOT / "models" / name / read_release(ROOT / "models" / name)["evaluations"][
@@ -73,9 +73,10 @@ def test_card_states_the_evaluation_summary(release):
 @pytest.mark.parametrize("release", RELEASES, ids=[p.name for p in RELEASES])
 def test_release_loads_and_wins_a_known_game_greedily(release, tmp_path):
     """The release's known game (``release.json`` ``smoke_game``: a game its evaluation won that replays alone, see
-    ``evoharness.release.find_smoke_game``), played alone at its position: won again, in the recorded steps, with
+    ``evoharness.registry.release.find_smoke_game``), played alone at its position: won again, in the recorded steps,
+    with
     the recorded meta-actions."""
-    from evoharness.release import replay
+    from evoharness.registry.release import replay
 
     known = read_release(release)["smoke_game"]
     recorded = recorded_episodes(release, known["split"])[known["index"]]
@@ -100,10 +101,10 @@ def test_grpo_from_a_release_folder_takes_its_recorded_outcomes_as_the_parents(r
     import mlflow
     from prefect import flow
 
-    from evoharness.alfworld_env import list_games
-    from evoharness.evaluate import spread
-    from evoharness.release import play_settings
-    from evoharness.tracking import configure
+    from evoharness.env.alfworld import list_games
+    from evoharness.evaluation.evaluate import spread
+    from evoharness.registry.release import play_settings
+    from evoharness.registry.tracking import configure
     from tasks.evaluation import release_folder_evaluation
 
     # configure: a fresh store with its experiment selected (the experiment id an earlier test selected may not

@@ -1,4 +1,5 @@
-"""The two reward conventions (``evoharness.reward``): each term of the paper's budget reward against a value computed
+"""The two reward conventions (``evoharness.training.reward``): each term of the paper's budget reward against a value
+computed
 by hand for a scripted episode, the diversity weight's anneal, the shared interaction budget in the policy loop, and
 ``priced`` mode giving today's ``won - cost``. No model and no ALFWorld: a three-command room plays the episodes."""
 
@@ -6,14 +7,21 @@ import dataclasses
 
 import pytest
 
-from evoharness.agent import Decision, run_episode
-from evoharness.alfworld_env import StepResult
 from evoharness.config import CostConfig, TraceConfig, load_profile
-from evoharness.context import turn_view
-from evoharness.harness import ExperienceStore, Workspace
-from evoharness.reward import (Interaction, action_key, count_repeats, episode_budgets, lambda_div, reward_parts,
-                               types_share)
-from evoharness.rollouts import episode_metrics
+from evoharness.env.alfworld import StepResult
+from evoharness.harness.context import turn_view
+from evoharness.harness.workspace import ExperienceStore, Workspace
+from evoharness.policy.agent import Decision, run_episode
+from evoharness.training.reward import (
+    Interaction,
+    action_key,
+    count_repeats,
+    episode_budgets,
+    lambda_div,
+    reward_parts,
+    types_share,
+)
+from evoharness.training.rollouts import episode_metrics
 
 TASK = "You are in a room.\n\nYour task is to: win."
 ADMISSIBLE = ["look", "go to desk 1", "win now"]
@@ -219,7 +227,7 @@ def test_priced_evaluations_keep_their_identity_budget_ones_record_every_weight(
     """An evaluation folder written before the budget fields existed still resumes in priced mode; a budget-mode
     evaluation is told apart by its weights."""
     from evoharness.config import EvalConfig
-    from evoharness.evaluate import evaluation_identity
+    from evoharness.evaluation.evaluate import evaluation_identity
 
     priced = evaluation_identity("p", EvalConfig(), CostConfig(), None)["cost"]
     assert priced == {"per_call": {"track": 0.02, "commit": 0.02, "recall": 0.03, "note": 0.03},

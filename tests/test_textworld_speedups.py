@@ -1,4 +1,4 @@
-"""TextWorld speed-ups (``evoharness.textworld_speedups``): real games play the same with and without them."""
+"""TextWorld speed-ups (``evoharness.env.textworld_speedups``): real games play the same with and without them."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from evoharness import textworld_speedups as speedups
-from evoharness.alfworld_env import TASK_TYPES, games_root, list_games, task_type_of
-from evoharness.collect import play_expert_episode
 from evoharness.config import CollectConfig
+from evoharness.data.collect import play_expert_episode
+from evoharness.env import textworld_speedups as speedups
+from evoharness.env.alfworld import TASK_TYPES, games_root, list_games, task_type_of
 
 
 @pytest.fixture

@@ -1,10 +1,10 @@
 import json
 
-from evoharness.alfworld_env import task_params_from_path
 from evoharness.config import TraceConfig
-from evoharness.harness import ExperienceStore
-from evoharness.rawlog import parse_lines
-from evoharness.traces import Teacher, build_traces, subgoal_plan
+from evoharness.data.rawlog import parse_lines
+from evoharness.env.alfworld import task_params_from_path
+from evoharness.harness.traces import Teacher, build_traces, subgoal_plan
+from evoharness.harness.workspace import ExperienceStore
 
 
 def episodes(tiny_logs):

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from evoharness.alfworld_env import list_games
 from evoharness.config import CostConfig, GRPOStageConfig, ModelConfig, SFTStageConfig, TraceConfig
-from evoharness.launch import accelerate_launch
-from evoharness.model import build_default_model, load_policy
-from evoharness.rawlog import parse_lines
-from evoharness.traces import build_traces
+from evoharness.data.rawlog import parse_lines
+from evoharness.env.alfworld import list_games
+from evoharness.harness.traces import build_traces
+from evoharness.training.launch import accelerate_launch
+from evoharness.training.model import build_default_model, load_policy
 
 pytestmark = pytest.mark.slow  # real training runs: `make test-fast` leaves them out
 
@@ -48,7 +48,7 @@ def test_sft_runs_and_resumes_with_same_step_and_optimizer(tmp_path, traces, bas
     spec = {"model_path": base_model, "train_file": str(traces / "train.jsonl"), "output_dir": str(tmp_path),
             "sft": dataclasses.asdict(SFTStageConfig(max_steps=2, per_device_train_batch_size=1, save_steps=1,
                                                      logging_steps=1))}
-    first = accelerate_launch("evoharness.sft", spec, tmp_path, num_processes=1)
+    first = accelerate_launch("evoharness.training.sft", spec, tmp_path, num_processes=1)
     assert first["global_step"] == 2 and first["world_size"] == 1 and first["resumed_from"] is None
     assert first["first_loss"] > 0
     ckpt = tmp_path / "checkpoints" / "checkpoint-2"
@@ -56,7 +56,7 @@ def test_sft_runs_and_resumes_with_same_step_and_optimizer(tmp_path, traces, bas
     recorded = json.loads((ckpt / "train_seconds.json").read_text())
     assert recorded["global_step"] == 2 and 0 < recorded["train_seconds"] <= first["train_runtime_s"] + 1.0
     spec["sft"]["max_steps"] = 3
-    second = accelerate_launch("evoharness.sft", spec, tmp_path, num_processes=1)
+    second = accelerate_launch("evoharness.training.sft", spec, tmp_path, num_processes=1)
     assert second["resumed_from"].endswith("checkpoint-2") and second["global_step"] == 3
     # the whole training's seconds: those up to checkpoint-2 plus the resumed launch's
     assert second["earlier_launches_s"] == recorded["train_seconds"]
@@ -72,7 +72,7 @@ def test_grpo_step_runs_on_a_real_game(tmp_path, base_model, traces):
     spec = {"model_path": base_model, "games": game, "output_dir": str(tmp_path),
             "experience_path": str(tmp_path / "exp.db"), "grpo": dataclasses.asdict(cfg),
             "cost": dataclasses.asdict(CostConfig())}
-    result = accelerate_launch("evoharness.grpo", spec, tmp_path, num_processes=1)
+    result = accelerate_launch("evoharness.training.grpo", spec, tmp_path, num_processes=1)
     assert result["global_step"] == 1
     first = result["first"]
     assert first["env_steps"] == 2.0 and first["success_rate"] == 0.0
@@ -85,7 +85,7 @@ def test_sft_two_cpu_processes_run_ddp_with_world_size_2(tmp_path, traces, base_
     """`accelerate/cpu_2proc.yaml` really starts two processes (the `--cpu` flag alone silently runs one)."""
     spec = {"model_path": base_model, "train_file": str(traces / "train.jsonl"), "output_dir": str(tmp_path),
             "sft": dataclasses.asdict(SFTStageConfig(max_steps=1, per_device_train_batch_size=1, num_processes=2))}
-    result = accelerate_launch("evoharness.sft", spec, tmp_path, num_processes=2)
+    result = accelerate_launch("evoharness.training.sft", spec, tmp_path, num_processes=2)
     assert result["world_size"] == 2 and result["global_step"] == 1
 
 
@@ -100,7 +100,7 @@ def test_time_budget_plans_the_steps_from_a_measured_calibration_and_a_resume_ke
                          per_device_train_batch_size=1, save_steps=10, num_processes=2)
     spec = {"model_path": base_model, "train_file": str(traces / "train.jsonl"), "output_dir": str(tmp_path),
             "sft": dataclasses.asdict(cfg)}
-    first = accelerate_launch("evoharness.sft", spec, tmp_path, num_processes=2)
+    first = accelerate_launch("evoharness.training.sft", spec, tmp_path, num_processes=2)
     plan = json.loads((tmp_path / "time_budget.json").read_text())
     assert plan == first["time_budget"]
     assert plan["train_seconds"] == pytest.approx(25 - plan["calibration_s"], abs=0.1)
@@ -109,12 +109,12 @@ def test_time_budget_plans_the_steps_from_a_measured_calibration_and_a_resume_ke
     assert first["world_size"] == 2 and first["global_step"] == plan["max_steps"]
     assert first["stopped_by_time_limit"] is False
     assert not (tmp_path / "calibration").exists()
-    again = accelerate_launch("evoharness.sft", spec, tmp_path, num_processes=2)
+    again = accelerate_launch("evoharness.training.sft", spec, tmp_path, num_processes=2)
     assert again == first  # a finished run is not trained further (transformers would add a step)
     # killed after the checkpoint before the last: the re-run resumes from it, to the planned step
     last = tmp_path / "checkpoints" / f"checkpoint-{plan['max_steps']}"
     shutil.rmtree(last), (tmp_path / "result.json").unlink()
-    second = accelerate_launch("evoharness.sft", spec, tmp_path, num_processes=2)
+    second = accelerate_launch("evoharness.training.sft", spec, tmp_path, num_processes=2)
     assert second["time_budget"] == plan and second["resumed_from"] is not None
     assert second["resumed_from"] != str(last) and second["global_step"] == plan["max_steps"]
 
@@ -127,7 +127,7 @@ def test_time_budget_stops_both_processes_at_the_budget_when_the_plan_overruns_i
                          per_device_train_batch_size=1, save_steps=10 ** 6, num_processes=2)
     spec = {"model_path": base_model, "train_file": str(traces / "train.jsonl"), "output_dir": str(tmp_path),
             "sft": dataclasses.asdict(cfg)}
-    result = accelerate_launch("evoharness.sft", spec, tmp_path, num_processes=2)
+    result = accelerate_launch("evoharness.training.sft", spec, tmp_path, num_processes=2)
     plan = result["time_budget"]
     assert result["stopped_by_time_limit"] is True
     assert 0 < result["global_step"] < plan["max_steps"]
@@ -142,7 +142,7 @@ def test_bf16_only_where_the_cpu_computes_it(monkeypatch, avx512_bf16, amx, expe
     (emulated bf16 ran 23 times slower than fp32 on this project's AVX2 machines)."""
     import torch
 
-    from evoharness.sft import training_precision
+    from evoharness.training.sft import training_precision
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
@@ -155,10 +155,10 @@ def test_bf16_only_where_the_cpu_computes_it(monkeypatch, avx512_bf16, amx, expe
 
 def test_sft_records_its_precision(tmp_path, traces, base_model):
     """A run asking for bf16 on this machine's CPU records what it trained in (``precision``), bf16 or fp32."""
-    from evoharness.sft import training_precision
+    from evoharness.training.sft import training_precision
 
     spec = {"model_path": base_model, "train_file": str(traces / "train.jsonl"), "output_dir": str(tmp_path),
             "sft": dataclasses.asdict(SFTStageConfig(max_steps=1, per_device_train_batch_size=1, bf16=True))}
-    result = accelerate_launch("evoharness.sft", spec, tmp_path, num_processes=1)
+    result = accelerate_launch("evoharness.training.sft", spec, tmp_path, num_processes=1)
     assert result["global_step"] == 1
     assert result["precision"] == training_precision(True)[1]  # model_dtype float32: nothing appended

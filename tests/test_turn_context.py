@@ -5,16 +5,16 @@ import json
 
 import pytest
 
-from evoharness.agent import run_episode
-from evoharness.alfworld_env import ALFWorldEnv, list_games
 from evoharness.config import CostConfig, SFTStageConfig, TraceConfig
-from evoharness.context import TurnView, layout_of, turn_view
-from evoharness.harness import ExperienceStore, Workspace
-from evoharness.launch import accelerate_launch
-from evoharness.lm_policy import ACT_PREFIX, COMMAND_CLOSE, EMPTY_THINK, ENTITY_CLOSE, ENTITY_OPEN, LMPolicy
-from evoharness.model import build_default_model, load_policy
-from evoharness.rawlog import Episode, parse_lines
-from evoharness.traces import Teacher, build_traces
+from evoharness.data.rawlog import Episode, parse_lines
+from evoharness.env.alfworld import ALFWorldEnv, list_games
+from evoharness.harness.context import TurnView, layout_of, turn_view
+from evoharness.harness.traces import Teacher, build_traces
+from evoharness.harness.workspace import ExperienceStore, Workspace
+from evoharness.policy.agent import run_episode
+from evoharness.policy.lm_policy import ACT_PREFIX, COMMAND_CLOSE, EMPTY_THINK, ENTITY_CLOSE, ENTITY_OPEN, LMPolicy
+from evoharness.training.launch import accelerate_launch
+from evoharness.training.model import build_default_model, load_policy
 from tests.test_training import TINY_MODEL
 from tests.test_workspace_states import episode
 
@@ -150,7 +150,7 @@ def test_sft_on_turn_examples_trains_completions_and_records_the_layout(tmp_path
             "sft": dataclasses.asdict(SFTStageConfig(max_steps=2, per_device_train_batch_size=4, logging_steps=1,
                                                      sampling="group_by_length", bf16=True)),
             "layout": layout_of(TURN)}
-    out = accelerate_launch("evoharness.sft", spec, tmp_path, num_processes=1)
+    out = accelerate_launch("evoharness.training.sft", spec, tmp_path, num_processes=1)
     assert out["global_step"] == 2 and out["first_loss"] > 0 and out["tokens_seen"] > 0
     model, _ = load_policy(out["final_path"])
     assert model.config.evoharness_layout == layout_of(TURN)
@@ -222,7 +222,7 @@ def test_lora_through_peft_is_set_by_config_and_merged_into_the_final_model(tmp_
     spec = {"model_path": turn_model, "train_file": str(turn_traces / "train.jsonl"), "output_dir": str(tmp_path),
             "sft": dataclasses.asdict(SFTStageConfig(max_steps=1, per_device_train_batch_size=2, lora_r=4,
                                                      lora_alpha=8, gradient_checkpointing=True))}
-    out = accelerate_launch("evoharness.sft", spec, tmp_path, num_processes=1)
+    out = accelerate_launch("evoharness.training.sft", spec, tmp_path, num_processes=1)
     assert out["global_step"] == 1
     merged, _ = load_policy(out["final_path"])  # a plain model folder: no adapter left to load
     base, _ = load_policy(turn_model)
@@ -233,8 +233,8 @@ def test_lora_through_peft_is_set_by_config_and_merged_into_the_final_model(tmp_
 def test_a_call_that_leaves_the_prompt_unchanged_forces_an_act():
     """A deterministic policy repeating a call that changes nothing would loop until the turn budget; the loop flags
     the repeated prompt and a scoring policy then acts (counted as ``forced``)."""
-    from evoharness.adapters import GymTextEnv
-    from evoharness.agent import Decision
+    from evoharness.env.adapters import GymTextEnv
+    from evoharness.policy.agent import Decision
 
     class Repeater:
         def __init__(self):
@@ -277,14 +277,14 @@ def test_grpo_step_in_the_turn_context_runs_on_a_real_game_and_resumes(tmp_path,
     spec = {"model_path": turn_model, "games": game, "output_dir": str(tmp_path),
             "experience_path": str(tmp_path / "exp.db"), "grpo": dataclasses.asdict(cfg),
             "cost": dataclasses.asdict(CostConfig()), "traces": dataclasses.asdict(TURN)}
-    result = accelerate_launch("evoharness.grpo", spec, tmp_path, num_processes=1)
+    result = accelerate_launch("evoharness.training.grpo", spec, tmp_path, num_processes=1)
     assert result["global_step"] == 1 and result["resumed_from"] is None
     first = result["first"]
     assert first["env_steps"] == 3.0 and first["success_rate"] == 0.0  # 3 steps never win this game
     assert first["reward"] == pytest.approx(-first["cost"]) and first["cost"] > 0
     assert (tmp_path / "final" / "model.safetensors").exists()
     spec["grpo"]["max_steps"] = 2
-    second = accelerate_launch("evoharness.grpo", spec, tmp_path, num_processes=1)
+    second = accelerate_launch("evoharness.training.grpo", spec, tmp_path, num_processes=1)
     assert second["resumed_from"].endswith("checkpoint-1") and second["global_step"] == 2
 
 
@@ -293,7 +293,7 @@ def test_grpo_in_two_processes_plays_every_game_once_and_merges_lora(tmp_path, t
     games (2 episodes each); the logged step holds all 4 episodes once, and the LoRA adapter is merged into a plain
     model folder."""
     from evoharness.config import GRPOStageConfig
-    from evoharness.model import load_policy
+    from evoharness.training.model import load_policy
 
     games = list_games("train", limit=2, offset=1000)
     cfg = GRPOStageConfig(num_generations=2, turns_per_episode=1, prompts_per_step=2, max_steps=1, max_env_steps=2,
@@ -301,7 +301,7 @@ def test_grpo_in_two_processes_plays_every_game_once_and_merges_lora(tmp_path, t
     spec = {"model_path": turn_model, "games": games, "output_dir": str(tmp_path),
             "experience_path": str(tmp_path / "exp.db"), "grpo": dataclasses.asdict(cfg),
             "cost": dataclasses.asdict(CostConfig()), "traces": dataclasses.asdict(TURN)}
-    result = accelerate_launch("evoharness.grpo", spec, tmp_path, num_processes=2)
+    result = accelerate_launch("evoharness.training.grpo", spec, tmp_path, num_processes=2)
     assert result["world_size"] == 2 and result["global_step"] == 1
     history = (tmp_path / "history.jsonl").read_text().splitlines()
     assert len(history) == 1  # written once, by the main process
@@ -324,7 +324,7 @@ def test_sampled_turns_carry_what_the_policy_read_and_produced(turn_model):
     <|im_end|>, and every act completion decodes to the admissible command that was executed."""
     import torch
 
-    from evoharness.rollouts import sample_turns
+    from evoharness.training.rollouts import sample_turns
 
     torch.manual_seed(0)
     model, tok = load_policy(turn_model)
@@ -356,7 +356,7 @@ def test_a_generation_backend_without_stop_strings_is_cut_like_model_generate(tu
     """`LMPolicy(generate_fn=...)` (vLLM's place in GRPO; vLLM itself needs a GPU, so a backend that returns a whole
     turn and more stands in): the turn is cut right after the act call's command opening, the command is then scored
     over the admissible ones, and without score decoding the turn ends at <|im_end|>."""
-    from evoharness.lm_policy import ACT_PREFIX, COMMAND_OPEN, EMPTY_THINK
+    from evoharness.policy.lm_policy import ACT_PREFIX, COMMAND_OPEN, EMPTY_THINK
 
     model, tok = load_policy(turn_model)
     act = tok(EMPTY_THINK + ACT_PREFIX, add_special_tokens=False)["input_ids"]
@@ -389,7 +389,7 @@ def test_ground_track_scores_a_tracks_names_over_the_latest_observation(turn_mod
     """`ground_track` (`evaluate.ground_track`): a backend that would track names the policy has not just read
     ("cd 9", "desk 7") gets its entity and its location value scored over the observation's names instead; the act
     after them is scored over the admissible commands, and the recorded turn holds the text that was played."""
-    from evoharness.lm_policy import ACT_PREFIX, EMPTY_THINK
+    from evoharness.policy.lm_policy import ACT_PREFIX, EMPTY_THINK
 
     model, tok = load_policy(turn_model)
     script = [EMPTY_THINK + '<tool_call>\n{"name": "track", "arguments": {"entity": "cd 9", "attribute": "x',
@@ -480,7 +480,7 @@ def test_parallel_calls_keep_meta_actions_whose_command_is_not_a_target():
 def test_a_turn_with_several_calls_runs_its_meta_actions_before_the_act():
     """`Decision.before`: the turn's meta-actions execute in order, then its act; an act ahead of another call is
     rejected, not played."""
-    from evoharness.agent import Decision, parse_tool_calls
+    from evoharness.policy.agent import Decision, parse_tool_calls
 
     text = ('<tool_call>\n{"name": "track", "arguments": {"entity": "mug 1", "attribute": "location", "value": '
             '"desk 1"}}\n</tool_call>\n<tool_call>{broken</tool_call>\n<tool_call>\n{"name": "act", "arguments": '
@@ -527,7 +527,7 @@ def test_score_decoding_of_a_parallel_turn_returns_its_meta_actions_and_an_admis
     """A generated turn of two meta-actions then an act's opening: the meta-actions come back in order as
     ``before``, and the command is scored over the admissible ones (the generation backend stands in for a model
     trained on parallel turns; the scoring runs on the real model)."""
-    from evoharness.lm_policy import EMPTY_THINK
+    from evoharness.policy.lm_policy import EMPTY_THINK
 
     model, tok = load_policy(turn_model)
     text = (EMPTY_THINK + '<tool_call>\n{"name": "track", "arguments": {"entity": "mug 1", "attribute": "location", '
@@ -547,7 +547,7 @@ def test_score_decoding_of_a_parallel_turn_returns_its_meta_actions_and_an_admis
 def _meta_only_backend(tok):
     """A generation backend that answers every turn with one track call and <|im_end|>: no act (a model trained on
     parallel turns does this where its teacher's command was not a target, e.g. after a perturbed random step)."""
-    from evoharness.lm_policy import EMPTY_THINK
+    from evoharness.policy.lm_policy import EMPTY_THINK
 
     text = (EMPTY_THINK + '<tool_call>\n{"name": "track", "arguments": {"entity": "mug 1", "attribute": "location", '
             '"value": "desk 1"}}\n</tool_call><|im_end|>')
@@ -559,7 +559,7 @@ def test_act_each_turn_scores_an_act_after_a_turn_of_meta_actions_only(turn_mode
     """`act_each_turn`: the generated track stays in `before`, an admissible act is scored right after its
     `</tool_call>` (opened as the chat template separates parallel calls), and the recorded turn marks that opening
     as not sampled. On the closing turn, and with the option off, the turn is the meta-action alone."""
-    from evoharness.lm_policy import ACT_PREFIX
+    from evoharness.policy.lm_policy import ACT_PREFIX
 
     model, tok = load_policy(turn_model)
     gen, backend = _meta_only_backend(tok)
@@ -617,7 +617,7 @@ def test_evaluation_acts_each_turn_only_for_parallel_layouts_and_records_the_set
     """`EvalConfig.act_each_turn` reaches the policy of a model read in the parallel-calls layout only, and is part of
     an evaluation's identity unless False (the value of every evaluation recorded before the setting existed)."""
     from evoharness.config import EvalConfig
-    from evoharness.evaluate import make_policy
+    from evoharness.evaluation.evaluate import make_policy
 
     cfg = EvalConfig(decoding="score")
     assert make_policy(turn_model, cfg, tmp_path, PARALLEL).act_each_turn is True
@@ -632,7 +632,7 @@ def test_evaluation_grounds_tracks_only_when_asked_and_records_the_setting(turn_
     """`EvalConfig.ground_track` reaches the policy, and is part of an evaluation's identity only when True (False is
     how every evaluation recorded before the setting existed played), so those folders still resume."""
     from evoharness.config import EvalConfig
-    from evoharness.evaluate import make_policy
+    from evoharness.evaluation.evaluate import make_policy
 
     cfg = EvalConfig(decoding="score")
     assert make_policy(turn_model, cfg, tmp_path, PARALLEL).ground_track is False
@@ -648,7 +648,7 @@ def test_evaluation_grounds_tracks_only_when_asked_and_records_the_setting(turn_
 def test_ground_track_reads_the_latest_observation_in_a_real_episode(turn_model):
     """Through `run_episode` on a real game: a backend that tracks "cd 99" and "desk 77" every turn gets, instead, names
     of the observation the turn read (the room's first one, then each command's answer)."""
-    from evoharness.lm_policy import ACT_PREFIX, EMPTY_THINK, ENTITY_CLOSE, NAME
+    from evoharness.policy.lm_policy import ACT_PREFIX, EMPTY_THINK, ENTITY_CLOSE, NAME
 
     model, tok = load_policy(turn_model)
     rest = '"location", "value": "desk 77"}}\n</tool_call>\n' + ACT_PREFIX
@@ -681,7 +681,7 @@ def test_ground_track_reads_the_latest_observation_in_a_real_episode(turn_model)
         elif entry["turn"] == "act":
             observation = entry["result"]
     assert res.env_steps == 3 and grounded >= 1 and grounded + free == res.env_steps and policy.grounded == 2 * grounded
-    from evoharness.evaluate import summarize
+    from evoharness.evaluation.evaluate import summarize
 
     assert res.grounded_names == policy.grounded  # the episode's count: every turn's, the closing one's included
     assert summarize([res], "valid_seen", 1)["grounded_names_per_episode"] == policy.grounded
@@ -693,7 +693,7 @@ def test_ground_track_with_model_generate_keeps_every_turn_whole(turn_model):
     """The path evaluation runs (`model.generate` with the three stop strings, called again after each scored name):
     on a real game the episode plays its steps, every recorded turn has one log-probability and one mask entry per
     token, and every executed `track` after an observation with names is grounded in it."""
-    from evoharness.lm_policy import NAME
+    from evoharness.policy.lm_policy import NAME
 
     model, tok = load_policy(turn_model)
     policy = LMPolicy(model, tok, max_new_tokens=48, context="turn", decoding="score", ground_track=True,
@@ -714,9 +714,9 @@ def test_ground_track_with_model_generate_keeps_every_turn_whole(turn_model):
 
 def test_grpo_rollouts_ground_tracks_when_the_profile_says(turn_model, tmp_path, monkeypatch):
     """`grpo.ground_track` reaches the policy that plays a GRPO rollout (on in `full-parallel`, as its evaluation)."""
-    import evoharness.lm_policy
+    import evoharness.policy.lm_policy
     from evoharness.config import GRPOStageConfig, load_profile
-    from evoharness.rollouts import TurnRollouts
+    from evoharness.training.rollouts import TurnRollouts
 
     made = []
 
@@ -725,7 +725,7 @@ def test_grpo_rollouts_ground_tracks_when_the_profile_says(turn_model, tmp_path,
             super().__init__(*args, **kwargs)
             made.append((self.ground_track, self.act_each_turn))
 
-    monkeypatch.setattr(evoharness.lm_policy, "LMPolicy", Recording)
+    monkeypatch.setattr(evoharness.policy.lm_policy, "LMPolicy", Recording)
     model, tok = load_policy(turn_model)
     game = list_games("train", limit=1, offset=1000)[0]
     for on in (True, False):
@@ -745,7 +745,7 @@ def _lesson_prompts(prompts):
 def test_lesson_turns_show_a_recalls_lessons_until_the_next_command_in_traces_and_at_run_time():
     """`traces.lesson_turns: 1`: the lessons of a `recall` are on the prompts up to the first command issued after a
     prompt showed them, and the teacher's traces and a run-time episode put them on the same turns."""
-    from evoharness.agent import Decision
+    from evoharness.policy.agent import Decision
 
     ep = episode()
     one = Teacher(dataclasses.replace(TURN, lesson_turns=1)).annotate(ep)["turns"]
@@ -790,7 +790,7 @@ def test_grpo_trains_every_turn_with_gigpo_advantages_on_a_real_game(turn_model,
     the group's two episodes a sample (none dropped), each turn recorded with its anchor state; the step trains in
     passes of 8 samples (gradient accumulation)."""
     from evoharness.config import GRPOStageConfig
-    from evoharness.rollouts import TurnRollouts
+    from evoharness.training.rollouts import TurnRollouts
 
     game = list_games("train", limit=1, offset=1000)
     cfg = GRPOStageConfig(num_generations=2, prompts_per_step=1, max_steps=1, max_env_steps=3, max_meta_actions=2,
@@ -799,7 +799,7 @@ def test_grpo_trains_every_turn_with_gigpo_advantages_on_a_real_game(turn_model,
     spec = {"model_path": turn_model, "games": game, "output_dir": str(tmp_path / "grpo"),
             "experience_path": str(tmp_path / "exp.db"), "grpo": dataclasses.asdict(cfg),
             "cost": dataclasses.asdict(CostConfig()), "traces": dataclasses.asdict(PARALLEL)}
-    result = accelerate_launch("evoharness.grpo", spec, tmp_path / "grpo", num_processes=1)
+    result = accelerate_launch("evoharness.training.grpo", spec, tmp_path / "grpo", num_processes=1)
     first = result["first"]
     assert result["global_step"] == 1 and first["episodes"] == 2 and first["env_steps"] == 3.0
     assert first["turns_dropped"] == 0 and 6 <= first["turns_trained"] <= 23  # 3 acts per episode at least

@@ -2,9 +2,9 @@
 (train/pick_heat_then_place_in_recep-Mug-None-Cabinet-22)."""
 
 from evoharness.config import TraceConfig
-from evoharness.harness import Fact, Subgoal
-from evoharness.rawlog import Episode
-from evoharness.traces import Teacher
+from evoharness.data.rawlog import Episode
+from evoharness.harness.traces import Teacher
+from evoharness.harness.workspace import Fact, Subgoal
 
 GAME = "train/pick_heat_then_place_in_recep-Mug-None-Cabinet-22/trial_T20190908_072939_855818/game.tw-pddl"
 STEPS = [
@@ -61,7 +61,7 @@ def test_track_searched_off_leaves_out_only_the_searched_facts():
 
 
 def test_workspace_objects_hold_sources_and_dependencies():
-    from evoharness.harness import ExperienceStore, Workspace
+    from evoharness.harness.workspace import ExperienceStore, Workspace
 
     ws = Workspace(ExperienceStore(), "ep")
     ws.observe(3, STEPS[3][1])

@@ -1,0 +1,3 @@
+"""Environments: ALFWorld games by split and their handcoded expert (``alfworld``), environment processes for
+episodes played together (``pool``), TextWorld speed-ups, wall-clock limits, and the adapter protocol other
+environments plug into (``adapters``)."""
