@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> dict:
                    help="score a track call's entity (and a location's value) over the names in the latest observation "
                         "(evaluate.ground_track; default: the profile's, on in full-parallel and its children)")
     p.add_argument("overrides", nargs="*", metavar="SECTION.FIELD=VALUE",
-                   help="evaluate.* or cost.* settings on top of the profile's or release's, e.g. evaluate.max_env_steps=70")
+                   help="evaluate.* or cost.* settings on top of the profile's or release's, "
+                        "e.g. evaluate.max_env_steps=70")
     a = p.parse_args(argv)
     try:  # a profile typo or a bad value is a usage error: said now, before any Prefect server starts
         over = parse_overrides(a.overrides)

@@ -28,18 +28,17 @@ from evoharness.config import load_profile, parse_overrides
 from evoharness.data.rawlog import dagger_policy
 from evoharness.evaluation.report import pipeline_summary, print_summary, write_summary
 from evoharness.evaluation.stats import mcnemar_exact
+from evoharness.registry.lineage import pipeline_lineage
 from tasks.caching import run_stage
 from tasks.data import collect_task, ingest_task, log_parent_metrics, set_parent_tags
 from tasks.evaluation import (
     evaluate_task,
+    parent_evaluation,
     promote_task,
-    recorded_evaluation,
     register_task,
-    release_folder_evaluation,
-    release_parent_evaluation,
     start_policy_task,
 )
-from tasks.run import pipeline_run
+from tasks.run import StageClock, pipeline_run
 from tasks.traces import build_traces_task
 from tasks.training import grpo_task, sft_from_model_task, sft_task
 
@@ -65,12 +64,7 @@ def pipeline(profile: str = "default", data_rev: str | None = None, split: str |
     cfg = load_profile(profile, resolve_overrides(overrides, split, limit))
     runs = str(Path(repo) / "runs")
     evals = str(Path(runs) / "eval" / time.strftime(f"%Y%m%d-%H%M%S-{cfg.profile}"))
-    walls, cached, t = {}, {}, time.time()
-
-    def lap(stage: str, was_cached: bool = False) -> None:
-        nonlocal t
-        walls[stage], cached[stage], t = time.time() - t, was_cached, time.time()
-
+    clock = StageClock()
     with pipeline_run("pipeline", cfg, repo, data_rev) as parent:
         pid = parent.info.run_id
         start = None
@@ -79,7 +73,7 @@ def pipeline(profile: str = "default", data_rev: str | None = None, split: str |
             start = start_policy_task(cfg.registered_model_name, release, runs, cfg.promote.min_success, pid)
             cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=start["path"]))
         data = collect_task(cfg, repo, pid, data_rev)
-        lap("collect")
+        clock.lap("collect")
         episodes, md5, quarantined = ingest_task(repo, data_rev, pid, cfg.ingest.on_error, cfg.collect.path)
         data_paths, dagger_policies = [cfg.collect.path], {}
         for path in cfg.ingest.dagger:  # DAgger: aggregate expert-labelled policy episodes with the expert logs
@@ -87,66 +81,41 @@ def pipeline(profile: str = "default", data_rev: str | None = None, split: str |
             episodes, md5, quarantined = episodes + more, f"{md5}+{more_md5}", quarantined + more_quarantined
             data_paths.append(path)
             dagger_policies[path] = dagger_policy(repo, data_rev, path)
-        data_path = "+".join(data_paths)
         if cfg.ingest.dagger:
-            set_parent_tags(pid, {"dvc_md5": md5, "data_path": data_path})
+            set_parent_tags(pid, {"dvc_md5": md5, "data_path": "+".join(data_paths)})
         log_parent_metrics(pid, {"quarantined_records": quarantined})
-        lap("ingest")
+        clock.lap("ingest")
         traces, hit = run_stage(build_traces_task, episodes, md5, cfg, runs, pid)
-        lap("build_traces", hit)
+        clock.lap("build_traces", hit)
         if sft_model:
             sft, hit = sft_from_model_task(sft_model, runs), False
         else:
             sft, hit = run_stage(sft_task, cfg, traces, runs, pid)
-        lap("sft", hit)
-        grpo = None
+        clock.lap("sft", hit)
+        grpo, start_exp = None, (start or {}).get("experience_path")
         if until == "grpo":  # GRPO recalls from the Experience store of the policy it starts from
-            exp = (start or {}).get("experience_path") or sft.get("experience_path") or traces["experience_path"]
+            exp = start_exp or sft.get("experience_path") or traces["experience_path"]
             grpo, hit = run_stage(grpo_task, cfg, sft, traces | {"experience_path": exp}, runs, pid)
-            lap("grpo", hit)
-        final = grpo or {"final_path": sft["final_path"],
-                         "experience_path": (start or {}).get("experience_path") or traces["experience_path"]}
-        lineage = {"data_rev": data_rev or "workspace", "dvc_md5": md5, "data_path": data_path,
-                   **{f"dagger_policy.{k}": v for k, v in dagger_policies.items()},
-                   "trace_hash": traces["content_hash"], "trace_run_id": traces["run_id"],
-                   "parent_model_run_id": sft["run_id"], "trained_until": until,
-                   **({"parent_model_uri": sft["model_uri"]} if sft_model else {}),
-                   **({"parent_model_uri": start["model_uri"], "started_from": start["source"]} if start else {}),
-                   **({"base_model": sft["base_model"]} if sft.get("base_model") else {}), "pipeline_run_id": pid,
-                   "config_digest": cfg.digest(),
-                   **({"grpo_run_id": grpo["run_id"]} if grpo else {}),
-                   **{k: parent.data.tags[k] for k in ("git_commit", "git_dirty", "profile",
-                                                       "prefect_flow_run_id", "prefect_deployment_id")}}
+            clock.lap("grpo", hit)
+        final = grpo or {"final_path": sft["final_path"], "experience_path": start_exp or traces["experience_path"]}
+        lineage = pipeline_lineage(data_rev=data_rev, md5=md5, data_path="+".join(data_paths),
+                                   dagger_policies=dagger_policies, traces=traces, sft=sft, grpo=grpo, start=start,
+                                   sft_model=sft_model, until=until, config_digest=cfg.digest(),
+                                   pipeline_run_id=pid, run_tags=parent.data.tags)
         model = register_task(final["final_path"], cfg.registered_model_name, lineage, cfg.to_dict(), traces, pid,
                               final["experience_path"])
-        lap("register")
+        clock.lap("register")
         ev = evaluate_task(final["final_path"], cfg.evaluate, cfg.cost, evals, pid, final["experience_path"],
                            model["model_uri"], workspace_cfg=cfg.traces)
-        parent_ev = None
-        if start:  # the policy this run started from, on the same games: recorded outcomes first
-            parent_ev = (recorded_evaluation(start["model_uri"], cfg.evaluate)
-                         or release_parent_evaluation(start, cfg.registered_model_name, cfg.evaluate, pid))
-            if parent_ev is None:
-                parent_ev = evaluate_task(start["path"], cfg.evaluate, cfg.cost, evals, pid, start["experience_path"],
-                                          start["model_uri"], name=f"evaluate-parent-{cfg.evaluate.split}",
-                                          parent_of=model["model_uri"], workspace_cfg=cfg.traces)
-        if grpo and sft_model:  # a registered SFT model evaluated on these games with these settings: reuse it
-            parent_ev = (recorded_evaluation(sft["model_uri"], cfg.evaluate)
-                         or release_folder_evaluation(sft_model, cfg.evaluate, pid))
-        if grpo and parent_ev is None:
-            parent_ev = evaluate_task(sft["final_path"], cfg.evaluate, cfg.cost, evals, pid,
-                                      traces["experience_path"], sft.get("model_uri") or f"runs:/{sft['run_id']}",
-                                      name=f"evaluate-parent-{cfg.evaluate.split}", parent_of=model["model_uri"],
-                                      workspace_cfg=cfg.traces)
-        lap("evaluate")
+        parent_ev = parent_evaluation(cfg, start, sft, sft_model, grpo, traces, evals, pid, model["model_uri"])
+        clock.lap("evaluate")
         decision = promote_task(model, cfg.registered_model_name, ev, cfg.evaluate, cfg.cost, evals, pid,
                                 workspace_cfg=cfg.traces, min_success=cfg.promote.min_success)
-        lap("promote")
-        summary = pipeline_summary(ev, parent_ev, model, grpo, sft, traces, data, walls, cached, decision, pid,
-                                   lineage, ingest={"on_error": cfg.ingest.on_error,
-                                                    "quarantined_records": quarantined})
-        # where this run's policy, lessons and evaluation lie (``python -m evoharness.registry.release export`` takes
-        # them)
+        clock.lap("promote")
+        summary = pipeline_summary(ev, parent_ev, model, grpo, sft, traces, data, clock.walls, clock.cached, decision,
+                                   pid, lineage, ingest={"on_error": cfg.ingest.on_error,
+                                                         "quarantined_records": quarantined})
+        # where this run's policy, lessons and evaluation lie (``python -m evoharness.registry.release export``)
         summary["paths"] = {"final_path": final["final_path"], "experience_path": final["experience_path"],
                             "transcripts": ev.get("transcripts"), "sft_dir": str(Path(sft["final_path"]).parent)}
         if parent_ev is not None:  # candidate (a) against its parent (b) on the same games

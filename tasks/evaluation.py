@@ -194,7 +194,8 @@ def promote_task(
             uri = f"models:/{registered_name}/{version}"
             summary = evaluate_task.fn(
                 uri, cfg, cost, work_dir, run.info.run_id, model_uri=uri, name=f"evaluate-champion-v{version}",
-                workspace_cfg=workspace_cfg, experience_path=experience_of(uri, str(Path(work_dir) / f"champion-v{version}")),
+                workspace_cfg=workspace_cfg,
+                experience_path=experience_of(uri, str(Path(work_dir) / f"champion-v{version}")),
             )
             return summary["success_rate"]
 
@@ -247,7 +248,8 @@ def start_policy_task(registered_name: str, release: str, work_dir: str, min_suc
     if recorded >= min_success:
         mlflow.MlflowClient().set_registered_model_alias(registered_name, "champion", info["version"])
     log.info(f"no champion under {registered_name!r}: registered the release {release} as {info['model_uri']} "
-             f"({split} {recorded:.3f}; {'champion' if recorded >= min_success else 'below promote.min_success, not champion'})")
+             f"({split} {recorded:.3f}; "
+             f"{'champion' if recorded >= min_success else 'below promote.min_success, not champion'})")
     return {"model_uri": info["model_uri"], "path": release, "experience_path": str(Path(release) / "experience.db"),
             "source": "release", "release": release}
 
@@ -289,3 +291,34 @@ def _recorded_alike(release: str, cfg: EvalConfig) -> bool:
         get_run_logger().info(f"{release} recorded its evaluation with other settings: evaluating it again")
         return False
     return True
+
+
+def parent_evaluation(cfg, start: dict | None, sft: dict, sft_model: str | None, grpo: dict | None, traces: dict,
+                      evals: str, parent_run_id: str, candidate_uri: str) -> dict | None:
+    """The evaluation summary of the policy the candidate was trained from, on the candidate's games and settings
+    (``cfg.evaluate``), for the paired test: recorded outcomes first, played only when none were recorded alike.
+
+    - ``start`` (the champion or release a ``model.from_champion`` run retrained): the outcomes recorded on its
+      registered version, else the release's recorded ones, else it plays.
+    - ``sft_model`` (GRPO from a given model): the outcomes recorded on its registered version, else the release
+      folder's, else (below) it plays.
+    - otherwise, after GRPO: the SFT policy of this run plays. After ``--until sft`` with no start: None.
+    """
+    parent = None
+    if start:
+        parent = (recorded_evaluation(start["model_uri"], cfg.evaluate)
+                  or release_parent_evaluation(start, cfg.registered_model_name, cfg.evaluate, parent_run_id))
+        if parent is None:
+            parent = evaluate_task(start["path"], cfg.evaluate, cfg.cost, evals, parent_run_id,
+                                   start["experience_path"], start["model_uri"],
+                                   name=f"evaluate-parent-{cfg.evaluate.split}", parent_of=candidate_uri,
+                                   workspace_cfg=cfg.traces)
+    if grpo and sft_model:
+        parent = (recorded_evaluation(sft["model_uri"], cfg.evaluate)
+                  or release_folder_evaluation(sft_model, cfg.evaluate, parent_run_id))
+    if grpo and parent is None:
+        parent = evaluate_task(sft["final_path"], cfg.evaluate, cfg.cost, evals, parent_run_id,
+                               traces["experience_path"], sft.get("model_uri") or f"runs:/{sft['run_id']}",
+                               name=f"evaluate-parent-{cfg.evaluate.split}", parent_of=candidate_uri,
+                               workspace_cfg=cfg.traces)
+    return parent

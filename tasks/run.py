@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 
 import mlflow
 
@@ -35,3 +36,18 @@ def pipeline_run(name: str, cfg: PipelineConfig, repo: str, data_rev: str | None
         mlflow.log_dict(cfg.to_dict(), "config.json")
         mlflow.log_param("config", json.dumps(cfg.to_dict())[:6000])
         yield run
+
+
+class StageClock:
+    """Wall seconds of each pipeline stage, and whether Prefect served it from its cache: ``lap(stage)`` closes the
+    stage that ran since the previous lap. ``walls`` and ``cached`` are the summary's ``stage_wall_s`` and
+    ``stage_cached``."""
+
+    def __init__(self) -> None:
+        self.walls: dict[str, float] = {}
+        self.cached: dict[str, bool] = {}
+        self._t = time.time()
+
+    def lap(self, stage: str, was_cached: bool = False) -> None:
+        now = time.time()
+        self.walls[stage], self.cached[stage], self._t = now - self._t, was_cached, now

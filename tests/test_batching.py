@@ -164,6 +164,7 @@ def test_batched_evaluation_plays_what_batch_1_plays(tmp_path):
     rows = {n: [json.loads(x) for x in (tmp_path / n / "transcripts.jsonl").read_text().splitlines()]
             for n in ("one", "three")}
     assert [r["game"] for r in rows["three"]] == games  # written as they end, ordered by game at the end
+    assert one["episodes"] == three["episodes"] == 3
     calls = {n: [[(e["turn"], e.get("command"), e.get("args"), e.get("result")) for e in r["transcript"]]
                  for r in rows[n]] for n in rows}
     assert calls["three"][0] == calls["one"][0]

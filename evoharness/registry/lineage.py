@@ -22,6 +22,39 @@ class LineageError(RuntimeError):
     """The recorded lineage does not verify."""
 
 
+def pipeline_lineage(*, data_rev: str | None, md5: str, data_path: str, dagger_policies: dict, traces: dict,
+                     sft: dict, grpo: dict | None, start: dict | None, sft_model: str | None, until: str,
+                     config_digest: str, pipeline_run_id: str, run_tags: dict) -> dict:
+    """The lineage tags of a policy the pipeline trained, the keys ``audit`` walks back.
+
+    Args:
+        data_rev: the git rev the logs were read at (None: the workspace). md5, data_path: the DVC md5(s) and
+            folder(s) (``a+b`` for aggregated DAgger data); dagger_policies: ``{folder: policy that played it}``.
+        traces, sft, grpo: the stages' results (``content_hash``/``run_id``; ``run_id``/``model_uri``/``base_model``;
+            ``run_id`` or None after ``--until sft``). start: the champion or release the run retrained
+            (``model_uri``, ``source``), or None. sft_model: the ``--sft-model`` GRPO started from, or None.
+        run_tags: the pipeline run's tags (``git_commit``, ``git_dirty``, ``profile``, Prefect ids).
+
+    Returns a flat ``{tag: str}`` dict (``data_rev``, ``dvc_md5``, ``trace_hash``, ``parent_model_run_id``,
+    ``parent_model_uri`` when the run started from a model, ``config_digest``, ``git_commit``, ...).
+    Raises KeyError when ``run_tags`` lacks one of the pipeline run's tags."""
+    lineage = {"data_rev": data_rev or "workspace", "dvc_md5": md5, "data_path": data_path,
+               **{f"dagger_policy.{k}": v for k, v in dagger_policies.items()},
+               "trace_hash": traces["content_hash"], "trace_run_id": traces["run_id"],
+               "parent_model_run_id": sft["run_id"], "trained_until": until, "pipeline_run_id": pipeline_run_id,
+               "config_digest": config_digest}
+    if sft_model:
+        lineage["parent_model_uri"] = sft["model_uri"]
+    if start:
+        lineage |= {"parent_model_uri": start["model_uri"], "started_from": start["source"]}
+    if sft.get("base_model"):
+        lineage["base_model"] = sft["base_model"]
+    if grpo:
+        lineage["grpo_run_id"] = grpo["run_id"]
+    return lineage | {k: run_tags[k] for k in ("git_commit", "git_dirty", "profile", "prefect_flow_run_id",
+                                               "prefect_deployment_id")}
+
+
 def _run_summary(client, run_id: str) -> dict:
     import mlflow
 
