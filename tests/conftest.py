@@ -55,3 +55,14 @@ def tiny_logs(tmp_path_factory, tiny_games):
     out = tmp_path_factory.mktemp("logs") / "data"
     manifest = collect(tiny_games, out, TINY_COLLECT)
     return out, manifest
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Stop Prefect's temporary API server (started by the first flow run) while pytest still holds the output:
+    at interpreter exit its goodbye line would hit a closed stream and print a 'Logging error' traceback."""
+    from prefect.logging.handlers import APILogWorker
+    from prefect.server.api.server import SubprocessASGIServer
+
+    APILogWorker.drain_all(timeout=5)  # the flow runs' last log lines reach the server before it stops
+    for server in list(SubprocessASGIServer._instances.values()):
+        server.stop()
