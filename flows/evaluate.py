@@ -27,7 +27,13 @@ from prefect import flow
 
 from evoharness.config import load_profile, parse_overrides
 from evoharness.evaluation.report import write_summary
-from evoharness.registry.release import experience_path, is_release, play_settings
+from evoharness.registry.release import (
+    ReleaseError,
+    experience_path,
+    is_release,
+    play_settings,
+    recorded_summary,
+)
 from evoharness.registry.tracking import configure, git_info, start_run
 from tasks.evaluation import evaluate_task
 
@@ -66,11 +72,31 @@ def evaluate_flow(policy: str, split: str = "valid_seen", limit: int = 0, profil
         summary = evaluate_task(policy, ev_cfg, cfg.cost, str(work), run.info.run_id, experience_path=experience,
                                 model_uri=policy, workspace_cfg=cfg.traces)
     summary["model_uri"] = policy
-    print(f"{policy} on {split}: success {summary['success_rate']:.3f} over {summary['episodes']} episodes; "
-          f"by task type {summary['success_by_task_type']}; MLflow run {summary['mlflow_run_id']}")
+    print_evaluation(policy, split, summary)
     if summary_json:
         write_summary(summary, summary_json)
     return summary
+
+
+def print_evaluation(policy: str, split: str, summary: dict) -> None:
+    """Print the games won by task type, where the transcripts are, and for a release folder its recorded outcomes
+    on the same games (the card's evaluation), game by game."""
+    won = sum(summary["won_by_game"].values())
+    print(f"{policy} on {split}: {won} of {summary['episodes']} won ({summary['success_rate']:.1%}); "
+          f"MLflow run {summary['mlflow_run_id']}")
+    for t, rate in sorted(summary["success_by_task_type"].items()):
+        n = summary["episodes_by_task_type"][t]
+        print(f"  {t:<9} {round(rate * n):>3} of {n:<3} ({rate:.1%})")
+    print(f"transcripts: {summary.get('transcripts')}")
+    if is_release(policy):
+        try:
+            recorded = recorded_summary(policy, split, list(summary["won_by_game"]))
+        except ReleaseError as exc:  # games or a split its own evaluation did not play
+            print(f"no recorded outcomes to compare with: {exc}")
+            return
+        same = sum(recorded["won_by_game"][g] == w for g, w in summary["won_by_game"].items())
+        print(f"recorded in the release on these games: {sum(recorded['won_by_game'].values())} of "
+              f"{recorded['episodes']} won; the same outcome on {same} of {summary['episodes']} games")
 
 
 def work_folder(work_dir: str | None, split: str, repo: str = REPO) -> Path:
@@ -86,7 +112,7 @@ def work_folder(work_dir: str | None, split: str, repo: str = REPO) -> Path:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description="Evaluate a policy on an ALFWorld split.")
+    p = argparse.ArgumentParser(prog="python -m flows.evaluate", description="Evaluate a policy on an ALFWorld split.")
     p.add_argument("--policy", required=True,
                    help="release folder (models/NAME), model folder, models:/NAME@ALIAS, expert or random")
     p.add_argument("--split", default="valid_seen")
@@ -105,7 +131,7 @@ def main(argv: list[str] | None = None) -> dict:
                         "(evaluate.act_each_turn false, as evaluations before 2026-12-01 played)")
     p.add_argument("--ground-track", action=argparse.BooleanOptionalAction, default=None,
                    help="score a track call's entity (and a location's value) over the names in the latest observation "
-                        "(evaluate.ground_track; default: the profile's, on in full-parallel and its children)")
+                        "(evaluate.ground_track; default: the profile's, on in full and grpo-budget)")
     p.add_argument("overrides", nargs="*", metavar="SECTION.FIELD=VALUE",
                    help="evaluate.* or cost.* settings on top of the profile's or release's, "
                         "e.g. evaluate.max_env_steps=70")

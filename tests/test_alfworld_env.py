@@ -52,7 +52,7 @@ def test_expert_wins_real_games_and_won_is_not_done():
 
 def test_expert_tracks_move_commands_and_wins_pick_two():
     """ALFWorld 0.4.2's handcoded expert tracks its inventory on ``put``, but ALFWorld 0.4 plays ``move``. Before
-    ``alfworld_env._tracking_moves`` its 9th command here moved alarmclock 1, already on the desk, again
+    ``env.alfworld._tracking_moves`` its 9th command here moved alarmclock 1, already on the desk, again
     (inadmissible, so ``look``); it wandered and won at step 26 (measured). In ``data-full``'s episode of this game
     (another seed) it never won."""
     game = "train/pick_two_obj_and_place-AlarmClock-None-Desk-307/trial_T20190907_013652_494441/game.tw-pddl"

@@ -199,7 +199,7 @@ def test_truncated_and_inconsistent_episodes_are_rejected(tiny_logs):
 
 def test_collection_does_not_depend_on_the_callers_hash_seed(tmp_path):
     """ALFWorld's handcoded expert depends on Python's string hash seed: in this game, before move tracking
-    (``alfworld_env._tracking_moves``), its 25th command differed between PYTHONHASHSEED 1 and 2 (measured). The
+    (``env.alfworld._tracking_moves``), its 25th command differed between PYTHONHASHSEED 1 and 2 (measured). The
     collection workers run with the seed pinned (``evoharness.data.collect.expert_pool``): collections started from
     processes with those two seeds give the same bytes, and their workers hash a string alike (``str_hash``)."""
     import subprocess

@@ -9,7 +9,7 @@ Output layout (a directory, versioned with ``dvc add``)::
 Determinism: every episode's randomness (the expert's tie-breaks, the perturbations) derives from
 ``CollectConfig.seed`` and the game path, and results are written in game order whatever the worker count,
 so the same games, seeds and settings give byte-identical files (hence the same DVC md5). ALFWorld's handcoded
-expert also depends on Python's string hash seed (measured 2026-12-01, before ``alfworld_env._tracking_moves``: in
+expert also depends on Python's string hash seed (measured 2026-12-01, before ``env.alfworld._tracking_moves``: in
 ``train/pick_two_obj_and_place-CellPhone-None-Shelf-320/trial_T20190908_113058_584290`` its 25th command was ``go to
 desk 2`` under ``PYTHONHASHSEED`` 0, 1 and 3 and ``take cellphone 1 from shelf 2`` under 2, 4 and 5), so the workers
 are started with it pinned (``expert_pool``). The manifest names the expert (``settings.expert``).
@@ -179,7 +179,7 @@ def profile_games(cfg: CollectConfig, data_dir: str | None = None) -> list[str]:
 
 
 def log_settings(cfg: CollectConfig) -> dict:
-    """What decides the logs' bytes: ``cfg.content_settings()`` and the expert (``alfworld_env.EXPERT``)."""
+    """What decides the logs' bytes: ``cfg.content_settings()`` and the expert (``env.alfworld.EXPERT``)."""
     return cfg.content_settings() | {"expert": EXPERT}
 
 

@@ -114,7 +114,7 @@ def resumable(out: Path, identity: dict, progress) -> dict:
 def evaluation_identity(policy: str, cfg: EvalConfig, cost: CostConfig, workspace_cfg: TraceConfig | None,
                         identity: str | None = None) -> dict:
     """What ``evaluation.json`` records: the policy (``identity`` or ``policy``), settings, costs and workspace
-    layout, and for the ``expert`` policy which expert (``alfworld_env.EXPERT``), as they read back from JSON; an
+    layout, and for the ``expert`` policy which expert (``env.alfworld.EXPERT``), as they read back from JSON; an
     evaluation resumes only into a folder with the same."""
     ident = {"policy": identity or policy, "settings": cfg.identity(), "cost": cost.identity(),
              "workspace": dataclasses.asdict(workspace_cfg) if workspace_cfg else None}

@@ -7,7 +7,7 @@ position
 in the whole list. The shards' rows are then written to ``<out>/transcripts.jsonl`` in game order. What a policy
 recalls from Experience, and ``random``'s draws, depend on the episodes played before in the same process, so
 those can differ from a one-process evaluation; the expert's outcomes do not (``tests/test_evaluate_workers.py``).
-The shards' processes start with the string hash seed pinned (``alfworld_env.pinned_hash_seed``), so the expert
+The shards' processes start with the string hash seed pinned (``env.alfworld.pinned_hash_seed``), so the expert
 breaks ties between equal objects the same way in every shard, whichever executor runs them: a local process pool,
 or Prefect tasks on a Dask cluster (``run_shards``, ``evaluate.task_runner``).
 """

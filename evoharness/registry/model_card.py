@@ -206,6 +206,10 @@ def _grpo_rows(release: dict, tr: dict) -> list[str]:
         rows += [f"| training steps | {tr['steps']:,} GRPO updates here, {tr['steps'] + parent['steps']:,} in all |",
                  f"| training wall time | {tr['train_seconds']:,.0f} s of GRPO here, "
                  f"{tr['train_seconds'] + parent['train_seconds']:,.0f} s in all |"]
+    elif tr.get("sft_steps"):  # SFT and GRPO in the same run
+        rows += [f"| training steps | {tr['sft_steps']:,} SFT steps ({tr['sft_tokens']:,} tokens), then "
+                 f"{tr['steps']:,} GRPO updates |",
+                 f"| training wall time | {tr['sft_seconds']:,.0f} s of SFT, {tr['train_seconds']:,.0f} s of GRPO |"]
     else:
         rows += [f"| training steps | {tr['steps']:,} GRPO updates |",
                  f"| training wall time | {tr['train_seconds']:,.0f} s of GRPO |"]

@@ -180,7 +180,7 @@ def export_release(out: str | Path, model_dir: str | Path, experience: str | Pat
         "cost": dataclasses.asdict(cfg.cost),
         "evaluations": {split: f"evaluation/{split}.json"},
     }
-    if lineage.get("trained_until") == "grpo":  # the reward and GRPO settings that trained it further
+    if lineage.get("trained_until") == "grpo" and "episodes" in training:  # GRPO's figures: its settings too
         release["grpo"] = {k: v for k, v in dataclasses.asdict(cfg.grpo).items()
                            if k in GRPO_CARD_KEYS}
     (tmp / RELEASE_JSON).write_text(json.dumps(release, indent=1) + "\n")
@@ -386,13 +386,17 @@ def training_from_grpo(summary: dict, grpo_dir: str | Path, cfg, machine: str) -
     stage folder ``runs/grpo/<key>`` (``result.json``, ``history.jsonl``, ``final/``) and the pipeline summary.
 
     ``steps`` counts GRPO optimizer updates, ``tokens`` the tokens the policy generated in its training rollouts
-    (sum over steps of episodes x generated tokens per episode), ``train_seconds`` the GRPO stage's wall time.
+    (sum over steps of episodes x generated tokens per episode), ``train_seconds`` the GRPO stage's wall time;
+    ``sft_steps``, ``sft_tokens``, ``sft_seconds`` when the same run trained SFT first (no ``--sft-model``).
     Raises FileNotFoundError when the folder lacks ``result.json`` or ``final/``."""
     grpo_dir = Path(grpo_dir)
     result = json.loads((grpo_dir / "result.json").read_text())
     history = [json.loads(line) for line in (grpo_dir / "history.jsonl").read_text().splitlines() if line.strip()]
     config = json.loads((grpo_dir / "final" / "config.json").read_text())
-    return {"parameters": count_parameters(grpo_dir / "final"), "steps": result["global_step"],
+    sft = summary.get("sft") or {}
+    trained_here = {"sft_steps": sft["global_step"], "sft_tokens": sft.get("tokens_seen") or 0,
+                    "sft_seconds": sft.get("train_runtime_s") or 0} if sft.get("global_step") else {}
+    return trained_here | {"parameters": count_parameters(grpo_dir / "final"), "steps": result["global_step"],
             "tokens": round(sum(h["episodes"] * h["generated_tokens"] for h in history)),
             "episodes": sum(h["episodes"] for h in history),
             "train_seconds": round(summary["stage_wall_s"]["grpo"], 1), "world_size": result.get("world_size"),
@@ -409,7 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m evoharness.registry.release",
                                 description="Released policies (models/).")
     sub = p.add_subparsers(dest="cmd", required=True)
-    e = sub.add_parser("export", help="write models/<name> from a finished `flows.pipeline --until sft` run")
+    e = sub.add_parser("export", help="write models/<name> from a finished `flows.pipeline` run "
+                                      "(SFT, or GRPO with --sft-model)")
     e.add_argument("--summary", required=True, help="the run's --summary-json")
     e.add_argument("--sft-dir", default=None,
                    help="the SFT stage folder runs/sft/<key> (final/ and result.json; default: the summary's paths)")
