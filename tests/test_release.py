@@ -123,3 +123,28 @@ def test_grpo_from_a_release_folder_takes_its_recorded_outcomes_as_the_parents(r
     run = mlflow.get_run(summary["mlflow_run_id"])
     assert run.data.tags["recorded_in_release"] == "true" and run.data.params["evaluate.limit"] == "60"
     assert parent_outcomes(dataclasses.replace(cfg, decoding="remap")) is None
+
+
+def test_the_lineage_of_a_release_trained_from_another_names_its_parent(tmp_path):
+    """A release trained further from another (its ``release.json`` ``parent``), registered in a fresh store: the
+    audit names the parent release, its commit and the paired test the card states."""
+    from mlflow import MlflowClient
+
+    from evoharness.registry.lineage import audit_release
+    from evoharness.registry.release import register_release
+    from evoharness.registry.tracking import configure
+
+    release = next((r for r in RELEASES if read_release(r).get("parent")), None)
+    if release is None:
+        pytest.skip("no committed release names a parent release")
+    parent = read_release(release)["parent"]
+    configure(tmp_path)
+    info = register_release(release, "evoharness-policy")
+    lines = []
+    audit = audit_release("evoharness-policy", info["version"], MlflowClient().get_model_version(
+        "evoharness-policy", info["version"]), ROOT, out=lines.append)
+    assert audit["parent"]["git_commit"] == parent["git_commit"]
+    assert any(line.startswith(f"parent     release {parent['name']} as of git {parent['git_commit']}")
+               for line in lines)
+    t = parent["paired_test"]
+    assert any(f"{t['only_a']} won only by this policy, {t['only_b']} only by the parent" in line for line in lines)

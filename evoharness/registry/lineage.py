@@ -221,7 +221,21 @@ def audit_release(name: str, version: str, mv, repo: str | Path, out=print) -> d
         f"deterministic)")
     evals = [e for e in tags.get("evaluation_run_ids", "").split(",") if e]
     out(f"evaluated  {evals or 'never'} (recorded in the release, not replayed)")
-    return {"name": name, "version": version, "release": tags["release"], "rev": commit, "evaluations": evals}
+    parent = release_parent(tags.get("release_path"))
+    if parent:  # trained further from another release: which one, and how the two compare on the same games
+        out(f"parent     release {parent['name']} as of git {parent['git_commit']} ({parent['command']})")
+        t = parent.get("paired_test")
+        if t:
+            out(f"           on the same {t['games']} {t['split']} games: {t['only_a']} won only by this policy, "
+                f"{t['only_b']} only by the parent, exact McNemar p = {t['p']:.3g}")
+    return {"name": name, "version": version, "release": tags["release"], "rev": commit, "evaluations": evals,
+            "parent": parent}
+
+
+def release_parent(release_path: str | None) -> dict | None:
+    """The ``parent`` block of the release folder's ``release.json`` (None when the folder is gone or has none)."""
+    path = Path(release_path or "") / "release.json"
+    return json.loads(path.read_text()).get("parent") if release_path and path.is_file() else None
 
 
 def main(argv: list[str] | None = None) -> int:

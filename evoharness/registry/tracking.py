@@ -6,6 +6,7 @@ Default store: ``sqlite:///<repo>/mlflow/mlflow.db`` with artifacts under ``<rep
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 from pathlib import Path
@@ -96,6 +97,13 @@ def log_trace_dataset(path: str, content_hash: str, context: str = "training") -
     mlflow.log_input(dataset, context=context, tags={"trace_hash": content_hash})
 
 
+def _hub_card_notice(record) -> bool:
+    """False for mlflow.transformers' notices that a local policy has no Hugging Face Hub card or license there:
+    our policies are never on the hub (their card is the release's ``README.md``), so nothing can be done."""
+    message = record.getMessage()
+    return not ("could not be retrieved from the hub" in message or "Unable to find license information" in message)
+
+
 def log_and_register(model_path: str, registered_name: str, alias: str, tags: dict) -> dict:
     """Log the policy in ``model_path`` with ``mlflow.transformers.log_model`` to the active run, register it under
     ``registered_name``, tag the version with ``tags`` and point ``alias`` at it.
@@ -108,6 +116,9 @@ def log_and_register(model_path: str, registered_name: str, alias: str, tags: di
     from evoharness.training.model import load_policy
 
     model, tokenizer = load_policy(model_path)
+    logger = logging.getLogger("mlflow.transformers")
+    if _hub_card_notice not in logger.filters:
+        logger.addFilter(_hub_card_notice)
     info = mlflow.transformers.log_model(
         transformers_model={"model": model, "tokenizer": tokenizer}, name="policy", task="text-generation",
         pip_requirements=PIP_REQUIREMENTS, registered_model_name=registered_name)
