@@ -35,7 +35,15 @@ from __future__ import annotations
 import json
 import math
 
-from evoharness.data.records import TASK_MARKER, Episode, RawLogError, task_of, validate_record, what_to_do
+from evoharness.data.records import (
+    TASK_MARKER,
+    Episode,
+    RawLogError,
+    json_lines,
+    task_of,
+    validate_record,
+    what_to_do,
+)
 
 FORMAT = "evoharness.generic/v1"
 SUFFIX = ".generic.jsonl"
@@ -179,15 +187,7 @@ def parse_generic_lines(lines, source: str, quarantine: list | None = None) -> l
             raise RawLogError(error + what_to_do(where))
         quarantine.append({"where": where, "error": error, "line": line})
 
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{source}:{lineno}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            bad(where, f"{where}: not valid JSON ({exc.msg}; column {exc.colno})", line)
-            continue
+    for where, obj, line in json_lines(lines, source, bad):
         try:
             records = to_records(obj, where)
         except RawLogError as exc:

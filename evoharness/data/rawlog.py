@@ -11,7 +11,13 @@ from pathlib import Path
 import yaml
 
 from evoharness.data.generic_log import parse_generic_lines
-from evoharness.data.records import Episode, RawLogError, validate_record, what_to_do  # noqa: F401  (re-exported)
+from evoharness.data.records import (  # noqa: F401  (re-exported)
+    Episode,
+    RawLogError,
+    json_lines,
+    validate_record,
+    what_to_do,
+)
 
 
 def parse_lines(lines, source: str, quarantine: list | None = None) -> list[Episode]:
@@ -33,15 +39,7 @@ def parse_lines(lines, source: str, quarantine: list | None = None) -> list[Epis
         if episode_id is not None:
             broken.setdefault(episode_id, where)
 
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{source}:{lineno}"
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            bad(where, f"{where}: not valid JSON ({exc.msg}; column {exc.colno})", line)
-            continue
+    for where, rec, line in json_lines(lines, source, bad):
         episode_id = rec.get("episode_id") if isinstance(rec, dict) else None
         try:
             validate_record(rec, where)

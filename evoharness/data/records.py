@@ -22,6 +22,8 @@ One JSON object per line, one line per step of an episode:
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 # ALFWorld states the goal in the first observation after this marker; generic logs append it the same way
@@ -113,3 +115,16 @@ def validate_record(rec: object, where: str) -> dict:
     if rec["reward"] != rec["reward"]:
         raise RawLogError(f"{where}: field 'reward' is NaN")
     return rec
+
+
+def json_lines(lines: Iterable[str], source: str, bad: Callable[[str, str, str], None]) -> Iterator[tuple]:
+    """``(where, object, line)`` for each non-blank line of a log (``where`` = ``source:lineno``, 1-based); a line
+    that is not JSON goes to ``bad(where, error, line)`` (which raises or quarantines) and is skipped."""
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{source}:{lineno}"
+        try:
+            yield where, json.loads(line), line
+        except json.JSONDecodeError as exc:
+            bad(where, f"{where}: not valid JSON ({exc.msg}; column {exc.colno})", line)
