@@ -199,8 +199,7 @@ class TraceConfig:
             training covers as many episodes as the plain baseline's. False: one tool call per turn.
         lesson_turns: ``turn`` context: how many environment commands a ``recall``'s lessons stay in the prompt
             (``evoharness.harness.context.TurnView``); 0: the rest of the episode. 1 shows them until the next command,
-            for
-            fewer tokens per epoch (README item 16).
+            for fewer tokens per epoch (README item 16).
         track_searched: with harness, the teacher tracks ``<receptacle> searched=yes`` when an observation lists a
             receptacle's contents without a task object (about 30 % of the ``full`` examples). False leaves those
             calls out: Belief then holds object locations, the inventory and object states only, and an epoch costs
@@ -293,8 +292,7 @@ class TrainingRuntime:
     """How a training stage runs, shared by SFT and GRPO: ``num_processes`` under ``accelerate launch`` with
     ``accelerate_config`` (empty: ``accelerate/cpu_<n>proc.yaml``), the weights' ``model_dtype`` when loaded,
     ``gradient_checkpointing``, and LoRA through peft when ``lora_r`` > 0 (``evoharness.training.model.lora_config``;
-    the
-    adapter is merged into the saved final model)."""
+    the adapter is merged into the saved final model)."""
 
     num_processes: int = 1
     accelerate_config: str = ""
@@ -317,10 +315,9 @@ class SFTStageConfig(TrainingRuntime):
     ``model_dtype`` (the weights' dtype when loaded: ``bfloat16`` on GPUs), ``bf16`` (mixed precision; on CPUs with
     AVX512-BF16 or AMX it is autocast, on other CPUs the run trains in fp32 and records why:
     ``evoharness.training.sft.training_precision``), ``gradient_checkpointing``, and LoRA through peft when ``lora_r`` >
-    0 (TRL's
-    ``SFTTrainer(peft_config=LoraConfig(...))``; the adapter is merged into the saved final model so later stages load
-    a plain model folder). ``accelerate_config``: the Accelerate config file (empty: ``accelerate/cpu_<n>proc.yaml``
-    for ``num_processes``; ``accelerate/fsdp_gpu.yaml`` for multi-GPU FSDP).
+    0 (TRL's ``SFTTrainer(peft_config=LoraConfig(...))``; the adapter is merged into the saved final model so later
+    stages load a plain model folder). ``accelerate_config``: the Accelerate config file (empty:
+    ``accelerate/cpu_<n>proc.yaml`` for ``num_processes``; ``accelerate/fsdp_gpu.yaml`` for multi-GPU FSDP).
 
     ``torch_compile``: transformers' ``TrainingArguments.torch_compile`` (``torch.compile`` with the inductor
     backend, which on CPUs generates C++ kernels with the system compiler); the first steps pay for the compilation.
@@ -361,8 +358,7 @@ class GRPOStageConfig(TrainingRuntime):
         num_generations: episodes per game per step (the GRPO group).
         turns_per_episode: ``turn`` context only: turns drawn from each episode as GRPO samples, so a group holds
             ``num_generations x turns_per_episode`` samples (``evoharness.training.rollouts.TurnRollouts``). Ignored
-            when
-            ``turns_per_group`` is set.
+            when ``turns_per_group`` is set.
         turns_per_group: ``turn`` context only; 0: off (``turns_per_episode`` turns sampled per episode, each
             carrying its episode's reward, and TRL normalises within the group). > 0: every turn of the group's
             ``num_generations`` episodes is a sample, each with its own advantage computed here
@@ -395,8 +391,8 @@ class GRPOStageConfig(TrainingRuntime):
         bf16: on a GPU, train in bf16 (ignored on CPU).
         use_vllm / vllm_gpu_memory_utilization: generate rollout turns with TRL's vLLM engine in colocate mode
             (``evoharness.training.rollouts.vllm_generate_fn``; GPUs only, ``pip install vllm``); otherwise
-            ``model.generate``
-            on the training device. Candidate scoring (score decoding) runs on the training model either way.
+            ``model.generate`` on the training device. Candidate scoring (score decoding) runs on the training model
+            either way.
         batch_episodes: ``turn`` context without vLLM: rollout episodes each process plays at once, their
             generation and scoring batched across them (``evoharness.policy.batched_play``), each game in an environment
             process of its own. Sampled tokens and their log-probabilities are recorded as at 1; the draws come
@@ -470,14 +466,12 @@ class EvalConfig:
 
     ``act_each_turn``: ``score`` decoding of a model trained on ``parallel_calls`` turns: a turn that generated
     meta-actions but no act gets its act scored after them (``evoharness.policy.lm_policy.LMPolicy``), so every turn but
-    the
-    closing ``note`` is an environment step, as in every teacher turn whose command was a target. No effect on other
+    the closing ``note`` is an environment step, as in every teacher turn whose command was a target. No effect on other
     layouts. False: such a turn runs its meta-actions only (evaluations recorded before 2026-12-01).
 
     ``ground_track``: ``score`` decoding: a ``track`` call's entity, and a location fact's value, are scored over the
     names in the latest observation (``evoharness.policy.lm_policy.LMPolicy``), so the Belief only holds names the
-    policy
-    has just read. False: the call is generated as it comes (every evaluation recorded before the setting, added
+    policy has just read. False: the call is generated as it comes (every evaluation recorded before the setting, added
     2026-12-01; on in the ``full-parallel`` profiles since then).
 
     ``workers``: processes playing the games, each with its own copy of the policy and of the Experience store

@@ -10,9 +10,8 @@ itself) resumes there: its finished episodes are kept and only the missing games
 failed, are played (``evoharness.evaluation.evaluate.evaluate``).
 
 A release folder (``models/<name>``, ``evoharness.registry.release``) plays with its own settings (``release.json``:
-step and
-meta-action budgets, decoding, workers, cost model) and its own Experience store unless ``--profile`` or a flag says
-otherwise, so ``--policy models/<name>`` alone gives back the figures of its model card.
+step and meta-action budgets, decoding, workers, cost model) and its own Experience store unless ``--profile`` or a flag
+says otherwise, so ``--policy models/<name>`` alone gives back the figures of its model card.
 """
 
 from __future__ import annotations
@@ -49,8 +48,7 @@ def evaluate_flow(policy: str, split: str = "valid_seen", limit: int = 0, profil
     ``decoding`` overrides the profile's ``evaluate.decoding`` (``remap`` or ``score``). ``work_dir``: resume an
     evaluation there (see the module docstring); raises ValueError when it holds another policy's or settings'.
     ``workers`` overrides ``evaluate.workers`` (processes, ``evoharness.evaluation.workers``); ``act_each_turn``
-    overrides
-    ``evaluate.act_each_turn`` (``EvalConfig``: a parallel-calls turn without an act gets one scored);
+    overrides ``evaluate.act_each_turn`` (``EvalConfig``: a parallel-calls turn without an act gets one scored);
     ``ground_track`` overrides ``evaluate.ground_track`` (a track's names scored over the latest observation's).
     ``profile``: the settings to play with (default: a release's own, ``release.json``; else ``default``).
     ``overrides``: ``evaluate.FIELD=VALUE`` / ``cost.FIELD=VALUE`` strings on top of those settings

@@ -5,8 +5,7 @@
         [--episodes 4] [--max-env-steps 20] [--profile full]
 
 Each run is ``evoharness.training.grpo`` under ``accelerate launch``, as the pipeline starts it; rollouts per minute is
-what
-the step logged (episodes over the step's rollout wall time, all processes together). Run it on an idle machine:
+what the step logged (episodes over the step's rollout wall time, all processes together). Run it on an idle machine:
 the processes compete for the same cores as anything else running.
 """
 

@@ -8,8 +8,7 @@ Each JSON is what ``flows.evaluate --summary-json`` or ``flows.pipeline --summar
 (the table) and ``OUT.png`` (success by task type; meta-actions, malformed and rejected turns per episode; generated
 tokens per episode); prints the table. ``--history NAME=history.jsonl`` (GRPO runs' per-step rollout metrics, as
 ``evoharness.training.rollouts.log_step`` writes them) adds a panel of meta-actions per episode by GRPO step, one line
-per
-run. With ``--mlflow-run RUN_ID`` both files are also logged as artifacts of that run. Exits 2 when the summaries
+per run. With ``--mlflow-run RUN_ID`` both files are also logged as artifacts of that run. Exits 2 when the summaries
 are not on the same split and number of games.
 """
 

@@ -25,8 +25,7 @@ def main(argv: list[str] | None = None) -> dict:
     """Collect ``--profile``'s games into ``--out`` (see module docstring); prints progress lines every 25 episodes.
 
     Returns ``evoharness.data.collect.collect``'s manifest (episodes, won, steps, failed, settings, games) plus
-    ``wall_s``,
-    ``resumed`` and ``worker_stats``. Raises FileNotFoundError when the split's games are missing, and what
+    ``wall_s``, ``resumed`` and ``worker_stats``. Raises FileNotFoundError when the split's games are missing, and what
     ``load_profile`` raises for an unknown profile."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--profile", default="full")

@@ -7,8 +7,7 @@ through Prefect (state Cancelled) and close the MLflow runs they left RUNNING as
 ``scripts/deploy.sh stop`` (``make deploy-stop``; ``DRAIN=1 make deploy-stop`` drains) runs it with the server's
 ``PREFECT_API_URL`` while the worker is still up: the process worker sees the run go Cancelling, kills its process
 (and with it any trainer it launched: ``evoharness.training.launch``) and marks it Cancelled. A run still not final
-after
-``--timeout`` seconds is set Cancelled by force. Each run's MLflow store is its ``repo`` parameter's, else
+after ``--timeout`` seconds is set Cancelled by force. Each run's MLflow store is its ``repo`` parameter's, else
 ``--repo``. Prints one line per run: its name, id and final state, and the MLflow runs closed.
 """
 

@@ -2,8 +2,7 @@
 
 A cacheable stage writes into ``runs/<stage>/<key>/`` where ``key`` hashes what determines its output (the data
 md5 or the parent's content hash, the stage's resolved config, the source of the library modules the stage runs). The
-Prefect
-cache key is that key plus the task's source (``TASK_SOURCE``) plus the folder's epoch: a random id written into
+Prefect cache key is that key plus the task's source (``TASK_SOURCE``) plus the folder's epoch: a random id written into
 ``<folder>/.cache-epoch`` when the folder is first keyed. A deleted folder gets a new epoch, so its output is
 rebuilt rather than served from a stale cache record; a run that failed stored no record, so its rerun resumes
 in the same folder.

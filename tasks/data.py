@@ -127,8 +127,7 @@ def dagger_task(policy: str, cfg: PipelineConfig, repo: str, tag: str, num_games
                 workers: int, parent_run_id: str) -> dict:
     """Play ``num_games`` train games (evenly spaced from ``game_offset``) with ``policy``, the handcoded expert
     labelling each state (``evoharness.data.dagger``), into the DVC-tracked folder ``data-dagger-<tag>/``; ``dvc add``
-    and
-    push it. A folder whose logs its ``.dvc`` file already names is kept as it is (``status`` present); a killed
+    and push it. A folder whose logs its ``.dvc`` file already names is kept as it is (``status`` present); a killed
     collection resumes. Logs the policy, the games and the agreement with the expert to MLflow."""
     from evoharness.data.dagger import collect_dagger
     from evoharness.evaluation.evaluate import spread

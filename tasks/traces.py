@@ -13,8 +13,8 @@ from evoharness.harness.traces import build_traces
 from evoharness.registry.tracking import log_trace_dataset, start_run
 from tasks.caching import content_key, stage_policy
 
-TRACES_CODE = ("evoharness.harness.traces",)  # the library code the stage runs: its cache key covers these and their
-                                              # imports
+# the library code the stage runs: its cache key covers these and their imports
+TRACES_CODE = ("evoharness.harness.traces",)
 
 
 def traces_dir(p: dict) -> Path:

@@ -135,8 +135,8 @@ def test_a_failing_batch_raises_in_every_waiting_episode(release_model):
     model, tok = release_model
     engine = BatchEngine(model, tok)
     errors = _serve(engine, [lambda: _raises(lambda: engine.score([10**6, 1], [[1]]))] * 2)
-    assert all(isinstance(e, IndexError) for e in errors)  # a token id past the vocabulary: the forward pass itself
-                                                           # failed
+    # a token id past the vocabulary: the forward pass itself failed
+    assert all(isinstance(e, IndexError) for e in errors)
 
 
 def _raises(fn):

@@ -119,8 +119,8 @@ def test_pinned_rerun_and_registered_model_evaluation(first_run, pipeline_repo):
 
     rev = git(pipeline_repo, "rev-parse", "HEAD")
     second = pipeline(profile="tiny", repo=str(pipeline_repo), data_rev=rev)
-    assert second["data"]["status"] == "cached"  # pinned: the rev's version is in the DVC cache, the workspace
-                                                 # untouched
+    # pinned: the rev's version is in the DVC cache, the workspace untouched
+    assert second["data"]["status"] == "cached"
     assert second["stage_cached"] == {"collect": False, "ingest": False, "build_traces": True, "sft": True,
                                       "grpo": True, "register": False, "evaluate": False, "promote": False}
     assert second["traces"]["content_hash"] == first_run["traces"]["content_hash"]

@@ -74,8 +74,7 @@ def test_card_states_the_evaluation_summary(release):
 def test_release_loads_and_wins_a_known_game_greedily(release, tmp_path):
     """The release's known game (``release.json`` ``smoke_game``: a game its evaluation won that replays alone, see
     ``evoharness.registry.release.find_smoke_game``), played alone at its position: won again, in the recorded steps,
-    with
-    the recorded meta-actions."""
+    with the recorded meta-actions."""
     from evoharness.registry.release import replay
 
     known = read_release(release)["smoke_game"]

@@ -144,8 +144,7 @@ def collect_dagger(policy: str, games: list[str], out_dir: str | Path, cfg: Eval
                    tag: str, workers: int = 2, data_dir: str | None = None, workspace_cfg: TraceConfig | None = None,
                    progress=print, shard_size: int = 500) -> dict:
     """Play ``games`` with ``policy`` (any ``evoharness.evaluation.evaluate.make_policy`` string: a model folder or an
-    MLflow
-    model URI) in ``workers`` processes and write the expert-labelled logs (module docstring) into ``out_dir``.
+    MLflow model URI) in ``workers`` processes and write the expert-labelled logs (module docstring) into ``out_dir``.
 
     ``cfg``: step/meta-action budgets and decoding, as in evaluation (greedy). ``tag`` names the shards and the
     episode ids. Resumes from ``<out_dir>/dagger-<tag>.partial/`` when a collection with the same policy and

@@ -1,7 +1,6 @@
 """Playing games with a policy in one process: the policy built from its name or path, each episode appended to
 ``transcripts.jsonl`` as it ends, and an interrupted folder resumed (``play_games``). ``evoharness.evaluation.evaluate``
-runs it
-in one process or, through ``evoharness.evaluation.workers``, in several, and summarizes the episodes.
+runs it in one process or, through ``evoharness.evaluation.workers``, in several, and summarizes the episodes.
 """
 
 from __future__ import annotations

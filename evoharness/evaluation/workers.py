@@ -3,9 +3,8 @@ each with its own copy of the policy and of the Experience store, as ``evoharnes
 
 Worker k of W plays ``games[k::W]`` in order into ``<out>/shard-k-of-W/``, a folder that resumes like any
 evaluation folder (``evoharness.evaluation.play.play_games``); each game keeps the seed and workspace name of its
-position
-in the whole list. The shards' rows are then written to ``<out>/transcripts.jsonl`` in game order. What a policy
-recalls from Experience, and ``random``'s draws, depend on the episodes played before in the same process, so
+position in the whole list. The shards' rows are then written to ``<out>/transcripts.jsonl`` in game order. What a
+policy recalls from Experience, and ``random``'s draws, depend on the episodes played before in the same process, so
 those can differ from a one-process evaluation; the expert's outcomes do not (``tests/test_evaluate_workers.py``).
 The shards' processes start with the string hash seed pinned (``env.alfworld.pinned_hash_seed``), so the expert
 breaks ties between equal objects the same way in every shard, whichever executor runs them: a local process pool,

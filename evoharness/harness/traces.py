@@ -113,8 +113,7 @@ class Teacher:
         """One episode -> a trace row ``{"messages", "tools", "turns", "episode_id", "game", "won", "meta_actions",
         "workspace"}``. ``messages`` is the whole episode as one conversation (``history`` context); ``turns`` holds
         one prompt/completion example per policy turn (``turn`` context, see ``evoharness.harness.context``), leaving
-        out
-        the commands that are never targets (``TraceConfig.drop_labels``). Non-ALFWorld episodes (generic logs) get
+        out the commands that are never targets (``TraceConfig.drop_labels``). Non-ALFWorld episodes (generic logs) get
         the task-level meta-actions only: recall, the goal commit and the closing note."""
         cfg = self.cfg
         ws = Workspace.from_config(self.experience, ep.episode_id, cfg)

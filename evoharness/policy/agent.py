@@ -146,14 +146,12 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
     ``max_env_steps + max_meta_actions + 2`` turns in all (room for refused calls and the last note). Each
     environment call gets ``env_timeout_s`` seconds; one that raises or hangs ends the episode unwon with ``error`` set.
     ``interaction_budget`` (``cost.mode: budget`` in training, ``evoharness.training.reward.episode_budgets``):
-    environment
-    actions and every other call (``EpisodeResult.meta_calls``) spend one unit each, a turn of several calls one per
-    call; once they reach the budget the episode ends unwon, the rest of that turn's calls are dropped unexecuted,
-    and the closing turn follows. None (evaluation, ``priced`` mode): no shared budget.
+    environment actions and every other call (``EpisodeResult.meta_calls``) spend one unit each, a turn of several calls
+    one per call; once they reach the budget the episode ends unwon, the rest of that turn's calls are dropped
+    unexecuted, and the closing turn follows. None (evaluation, ``priced`` mode): no shared budget.
 
     The reward is ``evoharness.training.reward.reward_parts`` under ``cost_cfg.mode``, at GRPO step ``update`` (None
-    outside
-    training); its terms are kept in ``EpisodeResult.reward_parts``. ``priced`` mode (the default):
+    outside training); its terms are kept in ``EpisodeResult.reward_parts``. ``priced`` mode (the default):
     reward = won - cost (``EpisodeUsage.cost``): the cost charges *executed* meta-actions at their ``per_call`` price,
     every generated token, and every *rejected* turn at ``per_rejected_turn`` (a malformed turn, even one score
     decoding still plays as an act; an unknown tool; a meta-action whose arguments fail its schema or that is refused
@@ -166,8 +164,7 @@ def run_episode(env, policy, workspace: Workspace, cost_cfg: CostConfig, max_env
     workspace after it.
 
     ``view``: the ``turn`` context (``evoharness.harness.context.TurnView``); each turn's prompt is then passed to the
-    policy
-    as ``state["turn_messages"]`` (with the latest environment observation as ``state["observation"]``), and
+    policy as ``state["turn_messages"]`` (with the latest environment observation as ``state["observation"]``), and
     ``state["force_act"]`` is set when the prompt is the previous turn's (a repeated
     call that changed nothing: a deterministic policy would loop). Without harness (the plain baseline) the episode
     ends with its last command: there is no closing note turn.

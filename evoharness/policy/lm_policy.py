@@ -53,9 +53,8 @@ class LMPolicy:
         generate_fn: another generation backend, ``(prompt ids, max_new_tokens) -> (generated ids, their
             log-probabilities)`` for one sampled turn, e.g. TRL's vLLM engine during GRPO
             (``evoharness.training.rollouts.vllm_generate_fn``). It need not stop at ``<|im_end|>`` or at the command
-            opening
-            that score decoding stops at: the turn is cut here, as ``model.generate``'s stop strings would cut it.
-            Candidate scoring still runs on ``model``.
+            opening that score decoding stops at: the turn is cut here, as ``model.generate``'s stop strings would cut
+            it. Candidate scoring still runs on ``model``.
         engine: an ``evoharness.policy.batching.BatchEngine`` shared with the other episodes of this process: generation
             and candidate scoring become its requests, which reuse the KV caches of this episode's earlier calls
             (``generate_fn`` still wins for generation). None: this policy's own calls on ``model``.

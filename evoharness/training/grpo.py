@@ -2,8 +2,7 @@
 
 Why ``rollout_func`` rather than ``environment_factory``: the episode is played by the same policy loop as
 evaluation (``evoharness.policy.agent.run_episode`` with ``LMPolicy``), which turns ``act`` into an admissible command,
-runs
-meta-actions against the ``Workspace`` and records the exact tokens the policy produced, so the cost is charged
+runs meta-actions against the ``Workspace`` and records the exact tokens the policy produced, so the cost is charged
 where the calls are executed and counted once, and a turn-context prompt (rebuilt every turn from the workspace) is
 what the policy read. The samples are built in ``evoharness.training.rollouts``.
 
@@ -18,8 +17,7 @@ The path from rollout to loss (GRPO: Shao et al. 2024, "DeepSeekMath", arXiv:240
    sharing one interaction budget; the priced cost is still computed and logged;
 3. advantage: TRL normalises rewards within each group; with ``grpo.turns_per_group`` every turn carries its own
    advantage instead (GRPO's episode-level one, or GiGPO's: ``evoharness.training.advantages``), which TRL uses
-   unscaled;
-   the loss uses generated tokens only (``env_mask``).
+   unscaled; the loss uses generated tokens only (``env_mask``).
 
 Per step it logs to MLflow: success rate, reward and each of its terms (``reward_task``, ``reward_eff``,
 ``reward_div``, ``lambda_div``, ``reward_spam``, ``reward_inv``, ``reward_cost``), the priced cost (``cost``, charged or

@@ -165,8 +165,7 @@ def die_with_parent(sig: int = signal.SIGTERM) -> bool:
 
 def main(argv: list[str]) -> None:
     """``python -m evoharness.training.launch PROGRAM ARGS...``: arm the parent-death signal, check the parent is still
-    the
-    one in ``EVOHARNESS_PARENT_PID`` (when set), name this process as the parent its own wrapped children must
+    the one in ``EVOHARNESS_PARENT_PID`` (when set), name this process as the parent its own wrapped children must
     have, and exec PROGRAM (same PID, so the signal and the name hold for it). Exits 1 when the parent is already
     gone, 2 without a PROGRAM."""
     if not argv:

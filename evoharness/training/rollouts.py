@@ -19,8 +19,7 @@ Two layouts, one per context (``TraceConfig.context``):
 Both log the same per-step metrics (``episode_metrics``) to ``history.jsonl`` and MLflow. With ``cost.mode:
 budget`` an episode plays under the shared interaction budget ``T_max`` instead of ``grpo.max_env_steps`` and
 ``grpo.max_meta_actions`` (``evoharness.training.reward.episode_budgets``), and its reward's diversity weight is the one
-at the
-trainer's current step.
+at the trainer's current step.
 """
 
 from __future__ import annotations
@@ -163,9 +162,8 @@ class TurnRollouts(_Rollouts):
         backend (None: ``model.generate``; vLLM keeps its own per-process sampler state). ``update``: the GRPO step
         the reward's diversity weight is taken at (``cost.mode: budget``). ``lane``: an
         ``evoharness.policy.batched_play.Lane``: the game runs in the lane's environment process, the model calls go
-        through
-        its batch engine, and the lane's own Experience store connection is used (torch's sampler is then shared by
-        the batch and not seeded here)."""
+        through its batch engine, and the lane's own Experience store connection is used (torch's sampler is then shared
+        by the batch and not seeded here)."""
         import torch
 
         from evoharness.env.alfworld import ALFWorldEnv
