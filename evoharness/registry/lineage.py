@@ -234,8 +234,9 @@ def audit_release(name: str, version: str, mv, repo: str | Path, out=print) -> d
 
 def release_parent(release_path: str | None) -> dict | None:
     """The ``parent`` block of the release folder's ``release.json`` (None when the folder is gone or has none)."""
-    path = Path(release_path or "") / "release.json"
-    return json.loads(path.read_text()).get("parent") if release_path and path.is_file() else None
+    from evoharness.registry.release import is_release, read_release
+
+    return read_release(release_path).get("parent") if release_path and is_release(release_path) else None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -164,13 +164,18 @@ def _base(lin: dict, parent: dict | None) -> str:
     return f"trained from `{lin['base_model']}`"
 
 
+def _parent_row(parent: dict) -> str:
+    """The card's row naming the parent release: its name, the commit holding its weights, its command and rates."""
+    rates = ", ".join(f"{_pct(v)} % of `{k}`" for k, v in parent["success_rate"].items())
+    return f"| parent release | `{parent['name']}` at `{parent['git_commit']}`: `{parent['command']}` ({rates}) |"
+
+
 def _parent_rows(parent: dict | None, tr: dict) -> list[str]:
     """The training rows of the card's lineage table: this run's, and with a parent release, the totals."""
     if not parent:
         return [f"| training steps | {tr['steps']:,} |", f"| training tokens | {tr['tokens']:,} |",
                 f"| training wall time | {tr['train_seconds']:,.0f} s |"]
-    rates = ", ".join(f"{_pct(v)} % of `{k}`" for k, v in parent["success_rate"].items())
-    return [f"| parent release | `{parent['name']}` at `{parent['git_commit']}`: `{parent['command']}` ({rates}) |",
+    return [_parent_row(parent),
             f"| training steps | {tr['steps']:,} here, {tr['steps'] + parent['steps']:,} in all |",
             f"| training tokens | {tr['tokens']:,} here, {tr['tokens'] + parent['tokens']:,} in all |",
             f"| training wall time | {tr['train_seconds']:,.0f} s here, "
@@ -192,8 +197,7 @@ def _grpo_rows(release: dict, tr: dict) -> list[str]:
                   f"{c['per_call_token']:g}, per generated token {c['per_generated_token']:g})")
     gigpo = (f" (step-level groups over repeated states, gamma {g['gigpo_gamma']:g}, omega {g['gigpo_omega']:g})"
              if g["advantage"] == "gigpo" else "")
-    rows = [f"| parent release | `{parent['name']}` at `{parent['git_commit']}`: `{parent['command']}` "
-            f"({', '.join(f'{_pct(v)} % of `{k}`' for k, v in parent['success_rate'].items())}) |"] if parent else []
+    rows = [_parent_row(parent)] if parent else []
     rows += [f"| GRPO | {tr['steps']:,} updates of {g['prompts_per_step']} `{g['split']}` games x "
              f"{g['num_generations']} episodes ({tr['episodes']:,} rollouts; games from index {g['game_offset']}, "
              f"{g['num_games']} in the pool), {tr['world_size']} processes |",

@@ -157,13 +157,14 @@ def export_release(out: str | Path, model_dir: str | Path, experience: str | Pat
                                                                 "stage_wall_s", "stage_cached", "grpo_steps",
                                                                 "grpo_meta_actions_per_episode", "parent_evaluation",
                                                                 "paired_test")}
-    base = summary.get("lineage", {}).get("base_model")
-    if parent and split in read_release(base).get("evaluations", {}):  # paired on the parent's recorded games
+    if parent and split in parent["won_by_game"]:  # paired on the parent's recorded games
         from evoharness.evaluation.stats import mcnemar_exact
 
-        recorded = json.loads((Path(base) / read_release(base)["evaluations"][split]).read_text())["won_by_game"]
+        recorded = parent["won_by_game"][split]
         ours = {g: w for g, w in summary["won_by_game"].items() if g in recorded}
         parent["paired_test"] = {"split": split, **mcnemar_exact(ours, {g: recorded[g] for g in ours})}
+    if parent:
+        del parent["won_by_game"]  # read for the paired test; the parent's own folder keeps them
     (tmp / "evaluation" / f"{split}.json").write_text(json.dumps(evaluation, indent=1, sort_keys=True) + "\n")
     (tmp / "evaluation" / f"{split}-episodes.jsonl").write_text(
         "".join(json.dumps(r, sort_keys=True) + "\n" for r in episodes))
@@ -198,8 +199,9 @@ def export_release(out: str | Path, model_dir: str | Path, experience: str | Pat
 def parent_of(base_model: str | None) -> dict | None:
     """What a release trained further from the release folder ``base_model`` records of it: its name, the git commit
     that last wrote its ``release.json`` here (the parent's weights are in that commit), its command and profile,
-    its training (steps, tokens, wall seconds, its own parent's totals included) and recorded success rates. None
-    when ``base_model`` is not a release folder (scratch, a hub model, a registered version)."""
+    its training (steps, tokens, wall seconds, its own parent's totals included), recorded success rates and
+    per-game outcomes (``won_by_game`` by split, for a paired test; not written to ``release.json``). None when
+    ``base_model`` is not a release folder (scratch, a hub model, a registered version)."""
     if not base_model or not is_release(base_model):
         return None
     rel = read_release(base_model)
@@ -207,13 +209,15 @@ def parent_of(base_model: str | None) -> dict | None:
     commit = subprocess.run(["git", "log", "-1", "--format=%H", "--", RELEASE_JSON], capture_output=True, text=True,
                             cwd=folder).stdout.strip() or None
     tr, up = rel.get("training", {}), rel.get("parent") or {}
-    success = {}
+    success, won = {}, {}
     for split, file in rel.get("evaluations", {}).items():
-        success[split] = json.loads((Path(base_model) / file).read_text())["success_rate"]
+        summary = json.loads((Path(base_model) / file).read_text())
+        success[split], won[split] = summary["success_rate"], summary["won_by_game"]
     return {"name": rel.get("name"), "git_commit": commit, "command": rel.get("command"),
             "profile": rel.get("lineage", {}).get("profile"),
             "steps": tr.get("steps", 0) + up.get("steps", 0), "tokens": tr.get("tokens", 0) + up.get("tokens", 0),
-            "train_seconds": tr.get("train_seconds", 0) + up.get("train_seconds", 0), "success_rate": success}
+            "train_seconds": tr.get("train_seconds", 0) + up.get("train_seconds", 0), "success_rate": success,
+            "won_by_game": won}
 
 
 # --- the local MLflow registry -------------------------------------------------------------------------------------
@@ -367,20 +371,6 @@ def training_from(summary: dict, sft_result: dict, model_dir: str | Path, machin
             "layout": config.get("evoharness_layout", {}), "machine": machine}
 
 
-def count_parameters(model_dir: str | Path) -> int:
-    """Parameters in ``model_dir/model.safetensors`` (tied embeddings stored once count once)."""
-    from safetensors import safe_open
-
-    total = 0
-    with safe_open(str(Path(model_dir) / "model.safetensors"), framework="pt") as f:
-        for key in f.keys():
-            n = 1
-            for d in f.get_slice(key).get_shape():
-                n *= d
-            total += n
-    return total
-
-
 def training_from_grpo(summary: dict, grpo_dir: str | Path, cfg, machine: str) -> dict:
     """The ``training`` block of ``release.json`` for a policy trained further by cost-aware GRPO, from the GRPO
     stage folder ``runs/grpo/<key>`` (``result.json``, ``history.jsonl``, ``final/``) and the pipeline summary.
@@ -389,6 +379,8 @@ def training_from_grpo(summary: dict, grpo_dir: str | Path, cfg, machine: str) -
     (sum over steps of episodes x generated tokens per episode), ``train_seconds`` the GRPO stage's wall time;
     ``sft_steps``, ``sft_tokens``, ``sft_seconds`` when the same run trained SFT first (no ``--sft-model``).
     Raises FileNotFoundError when the folder lacks ``result.json`` or ``final/``."""
+    from evoharness.training.model import load_policy, num_parameters
+
     grpo_dir = Path(grpo_dir)
     result = json.loads((grpo_dir / "result.json").read_text())
     history = [json.loads(line) for line in (grpo_dir / "history.jsonl").read_text().splitlines() if line.strip()]
@@ -396,7 +388,8 @@ def training_from_grpo(summary: dict, grpo_dir: str | Path, cfg, machine: str) -
     sft = summary.get("sft") or {}
     trained_here = {"sft_steps": sft["global_step"], "sft_tokens": sft.get("tokens_seen") or 0,
                     "sft_seconds": sft.get("train_runtime_s") or 0} if sft.get("global_step") else {}
-    return trained_here | {"parameters": count_parameters(grpo_dir / "final"), "steps": result["global_step"],
+    parameters = num_parameters(load_policy(str(grpo_dir / "final"))[0])
+    return trained_here | {"parameters": parameters, "steps": result["global_step"],
             "tokens": round(sum(h["episodes"] * h["generated_tokens"] for h in history)),
             "episodes": sum(h["episodes"] for h in history),
             "train_seconds": round(summary["stage_wall_s"]["grpo"], 1), "world_size": result.get("world_size"),
