@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import subprocess
 import tempfile
@@ -63,6 +64,11 @@ def pytest_sessionfinish(session, exitstatus):
     from prefect.logging.handlers import APILogWorker
     from prefect.server.api.server import SubprocessASGIServer
 
+    # A child process a test left running (a hung worker) would block interpreter exit in multiprocessing's
+    # join-at-exit, so the suite would never end: kill it and say which.
+    for child in multiprocessing.active_children():
+        print(f"\nkilled a process a test left running: {child.name} (pid {child.pid})")
+        child.kill()
     APILogWorker.drain_all(timeout=5)  # the flow runs' last log lines reach the server before it stops
     for server in list(SubprocessASGIServer._instances.values()):
         server.stop()

@@ -115,22 +115,32 @@ def test_two_concurrent_writer_processes_lose_no_lesson(tmp_path):
     assert [x["count"] for x in lessons if x["text"] == "a shared lesson"] == [200]
 
 
-def _open_new_store(path, barrier, tag):
-    barrier.wait()
-    ExperienceStore(path).add(f"lesson {tag}", [tag])
+def _open_new_stores(folder, trials, barrier, tag):
+    for trial in range(trials):
+        barrier.wait(timeout=60)
+        ExperienceStore(f"{folder}/exp{trial}.db").add(f"lesson {tag}", [tag])
 
 
 def test_processes_opening_a_new_store_at_once_all_succeed(tmp_path):
-    """The ranks of ``accelerate launch`` create the GRPO Experience store together (CI saw 'database is locked')."""
-    ctx = multiprocessing.get_context("fork")
-    for trial in range(25):
-        path = str(tmp_path / f"exp{trial}.db")
-        barrier = ctx.Barrier(4)
-        procs = [ctx.Process(target=_open_new_store, args=(path, barrier, t)) for t in range(4)]
+    """The ranks of ``accelerate launch`` create the GRPO Experience store together (CI saw 'database is locked').
+
+    Four spawned processes (not forked: a fork of this threaded pytest process can inherit a held lock and hang)
+    meet at a barrier before each of 25 new stores, so every store is opened by four processes at once.
+    """
+    trials = 25
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(4)
+    procs = [ctx.Process(target=_open_new_stores, args=(str(tmp_path), trials, barrier, t), daemon=True)
+             for t in range(4)]
+    try:
         [p.start() for p in procs]
-        [p.join(60) for p in procs]
-        assert [p.exitcode for p in procs] == [0, 0, 0, 0], f"trial {trial}"
-        assert sorted(x["text"] for x in ExperienceStore(path).all()) == [f"lesson {t}" for t in range(4)]
+        [p.join(120) for p in procs]
+        assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    finally:
+        [p.kill() for p in procs if p.is_alive()]  # a hung one must not keep pytest from exiting
+    for trial in range(trials):
+        texts = sorted(x["text"] for x in ExperienceStore(tmp_path / f"exp{trial}.db").all())
+        assert texts == [f"lesson {t}" for t in range(4)], f"store {trial}"
 
 
 def test_profiles_resolve_and_bad_ones_name_the_problem(tmp_path):
@@ -181,7 +191,8 @@ def test_dotted_overrides_reach_every_field_with_its_type_checked():
     over = parse_overrides(["sft.learning_rate=1e-3", "traces.recent_actions=4", "evaluate.limit=0",
                             "cost.per_call.track=0.05", "model.path=models/x", "registered_model_name=other"])
     cfg = load_profile("full", over)
-    assert (cfg.sft.learning_rate, cfg.traces.recent_actions, cfg.evaluate.limit, cfg.model.path) == (1e-3, 4, 0, "models/x")
+    got = (cfg.sft.learning_rate, cfg.traces.recent_actions, cfg.evaluate.limit, cfg.model.path)
+    assert got == (1e-3, 4, 0, "models/x")
     assert cfg.cost.per_call == {"track": 0.05, "commit": 0.02, "recall": 0.03, "note": 0.03}  # merged, not replaced
     assert cfg.registered_model_name == "other" and cfg.sft.time_budget_s == 5400  # the rest is the profile's
     with pytest.raises(ValueError, match="SECTION.FIELD=VALUE"):
