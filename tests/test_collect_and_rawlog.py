@@ -225,3 +225,32 @@ def test_collection_does_not_depend_on_the_callers_hash_seed(tmp_path):
     moves = [r["action"] for r in records if (r["action"] or "").startswith("move ")]
     assert records[-1]["won"] and len(records) == 21
     assert moves == ["move cellphone 2 to shelf 1", "move cellphone 1 to shelf 1"]
+
+
+def test_an_expert_episode_does_not_depend_on_other_threads_drawing_random_numbers():
+    """The handcoded expert breaks ties at random; a thread drawing from the global generator meanwhile (CI saw a
+    Prefect or MLflow client's thread do it) must not change the episode."""
+    import random
+    import threading
+
+    from evoharness.config import CollectConfig
+    from evoharness.env.alfworld import TASK_TYPES, list_games, task_type_of
+
+    game = next(g for g in list_games("train", stride=37) if TASK_TYPES[task_type_of(g)] == "Look")
+    cfg = dataclasses.replace(CollectConfig(), perturb_share=1.0, max_steps=30, episode_timeout_s=0)
+    alone = play_expert_episode(game, cfg)
+    stop = threading.Event()
+
+    def draw():
+        while not stop.is_set():
+            random.random()
+
+    thread = threading.Thread(target=draw, daemon=True)
+    thread.start()
+    try:
+        beside_a_thread = play_expert_episode(game, cfg)
+    finally:
+        stop.set()
+        thread.join()
+    assert [r["action"] for r in beside_a_thread] == [r["action"] for r in alone]
+    assert beside_a_thread == alone and alone[-1]["won"]

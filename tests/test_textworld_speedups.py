@@ -37,7 +37,8 @@ def test_expert_episodes_identical_with_and_without_speedups(shipped_then_restor
     """Every record of real expert episodes (observations, admissible commands, actions, reward, won), with random
     and invalid commands mixed in, is the same as shipped; and the speed-ups really ran (counters moved)."""
     games = _one_game_per_type(("Look", "Clean", "Pick Two"))
-    cfg = dataclasses.replace(CollectConfig(), perturb_share=1.0, max_steps=30)
+    # no wall-clock limit: on a machine shared with other work an episode cut by the stall timer is not a difference
+    cfg = dataclasses.replace(CollectConfig(), perturb_share=1.0, max_steps=30, episode_timeout_s=0)
     assert speedups.install() is False  # disabled by the environment variable
     shipped = [play_expert_episode(g, cfg) for g in games]
     assert not speedups.installed()
@@ -48,7 +49,8 @@ def test_expert_episodes_identical_with_and_without_speedups(shipped_then_restor
     patched = [play_expert_episode(g, cfg) for g in games]
     after = speedups.stats()
 
-    assert [len(e) for e in patched] == [len(e) for e in shipped]
+    ends = [(e[-1].get("error"), e[-1]["won"]) for e in shipped + patched]
+    assert [len(e) for e in patched] == [len(e) for e in shipped], f"episode ends (error, won): {ends}"
     assert sum(len(e) for e in shipped) > 30
     assert any(r["action_source"] == "invalid" for e in shipped for r in e)
     for ep_shipped, ep_patched in zip(shipped, patched):

@@ -161,6 +161,13 @@ def _tracking_moves(policy_cls: type) -> type:
     return Policy
 
 
+def _expert_module():
+    """ALFWorld's handcoded expert module: its policies call the module-level name ``random``."""
+    from alfworld.agents.expert import handcoded_expert
+
+    return handcoded_expert
+
+
 def _expert_wrapper():
     """ALFWorld's ``AlfredExpert`` wrapper with a handcoded agent that takes its task from the folder name and
     tracks ``move`` commands (``_tracking_moves``)."""
@@ -240,8 +247,10 @@ class ALFWorldEnv:
                           list(info["admissible_commands"]), plan[0])
 
     def reset(self, seed: int = 0) -> StepResult:
-        """Start the episode. The handcoded expert breaks ties with ``random``: seeding it makes episodes repeatable."""
-        random.seed(seed)
+        """Start the episode. The handcoded expert breaks ties with ``random.choice``; it draws from its own
+        ``random.Random(seed)`` (the same sequence ``random.seed(seed)`` gives), so a thread of the same process that
+        uses the global generator (a logging or HTTP client's jitter) cannot change an expert episode."""
+        _expert_module().random = random.Random(seed)
         with _quiet():
             obs, info = self._env.reset()
         self.task = task_of(obs)
