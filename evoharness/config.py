@@ -126,6 +126,10 @@ class CostConfig:
     - ``charge_meta_actions`` (True, ``env.harness.charge_meta_actions`` in training): meta-action calls spend the
       budget; False charges environment actions only (the paper's evaluation setting), for the ablation that turns
       the budget charge off.
+    - ``charge_priced`` (False; not in the paper): also charge the priced cost above (``per_call`` for each executed
+      meta-action, the token prices, ``per_rejected_turn``) on top of the budget reward, a per-call price the policy
+      sees at every call instead of only through the efficiency term of a won episode. Its prices are in the
+      budget reward's units, where a win is ``task_reward``.
     """
 
     MODES = ("priced", "budget")
@@ -146,6 +150,7 @@ class CostConfig:
     spam_cap: int = 10
     lambda_inv: float = 0.1
     charge_meta_actions: bool = True
+    charge_priced: bool = False
 
     def __post_init__(self):
         if self.mode not in self.MODES:
@@ -159,7 +164,7 @@ class CostConfig:
     # the budget reward's fields, added after evaluations were recorded: in ``priced`` mode they charge nothing, so
     # an evaluation's identity leaves them out and older evaluation folders still resume
     BUDGET_FIELDS = ("mode", "task_reward", "interaction_budget", "lambda_eff", "lambda_div0", "anneal_updates",
-                     "lambda_spam", "spam_cap", "lambda_inv", "charge_meta_actions")
+                     "lambda_spam", "spam_cap", "lambda_inv", "charge_meta_actions", "charge_priced")
 
     def identity(self) -> dict:
         """The fields that change what an evaluation charges: all of them in ``budget`` mode, the priced ones in

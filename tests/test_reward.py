@@ -111,6 +111,21 @@ def test_paper_defaults_on_the_scripted_episode():
     assert res.reward_parts["lambda_div"] == 0.0 and res.reward_parts["diversity"] == 0.0
 
 
+def test_budget_mode_can_charge_the_priced_cost_on_top():
+    """``charge_priced``: the paper's reward less the priced cost (executed calls at their ``per_call`` price, the
+    generated tokens, the rejected turns), every other term unchanged."""
+    cost = CostConfig(mode="budget", charge_priced=True, per_call={"track": 0.1, "commit": 0.2, "recall": 0.3,
+                      "note": 0.4}, per_call_token=0.0, per_generated_token=0.002, per_rejected_turn=0.05)
+    res, _, _ = play(cost, update=0)
+    priced = 0.2 * 2 + 0.3 + 0.4 + 0.002 * 5 * 11 + 0.05 * 3  # commit x2, recall, note; 11 turns x 5 tokens; 3 rejected
+    assert res.reward_parts["cost"] == pytest.approx(-priced)
+    assert res.reward_parts["priced_cost"] == pytest.approx(priced)
+    paper = 10.0 + (70 - 11) / 70 + 1.0 * 0.75 - 0.1 * 2 - 0.1 * 4
+    assert res.reward == pytest.approx(paper - priced)
+    uncharged = play(dataclasses.replace(cost, charge_priced=False), update=0)[0]
+    assert uncharged.reward == pytest.approx(paper) and uncharged.reward_parts["cost"] == 0.0
+
+
 def test_lambda_div_anneals_by_cosine_from_lambda_div0_to_zero():
     cost = CostConfig(mode="budget", lambda_div0=0.8, anneal_updates=150)
     assert lambda_div(0, cost) == pytest.approx(0.8)

@@ -192,6 +192,9 @@ def _grpo_rows(release: dict, tr: dict) -> list[str]:
                   f"{' (each meta-action spends one unit)' if c['charge_meta_actions'] else ''}, diversity "
                   f"{c['lambda_div0']:g} cosine-annealed to 0 over {c['anneal_updates']} updates, repeats -"
                   f"{c['lambda_spam']:g} (at most {c['spam_cap']}), invalid actions -{c['lambda_inv']:g} each")
+        if c.get("charge_priced"):
+            reward += (f"; and the priced cost charged on top (per call {c['per_call']}, per call token "
+                       f"{c['per_call_token']:g}, per generated token {c['per_generated_token']:g})")
     else:
         reward = (f"`priced`: 1 for a win minus the cost of calls (per call {c['per_call']}, per call token "
                   f"{c['per_call_token']:g}, per generated token {c['per_generated_token']:g})")

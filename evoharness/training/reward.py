@@ -6,7 +6,7 @@
   an unneeded call costs what a redundant environment action costs::
 
       R = task_reward * 1[won] + lambda_eff * 1[won] * max(0, T_max - |tau|) / T_max + lambda_div(u) * R_div
-          - lambda_spam * min(S, C_spam) - lambda_inv * I
+          - lambda_spam * min(S, C_spam) - lambda_inv * I  [ - cost, with ``charge_priced`` (not the paper's) ]
 
   Source: EvoHarness-RL (Ning et al. 2026, arXiv:2608.05446), its README ("GRPO training") and
   ``evoharness/rl/reward.py``; the defaults of the weights come from its ``configs/train/common.yaml`` and
@@ -73,9 +73,10 @@ class RewardParts:
     """One episode's reward, term by term, in reward units; ``total`` is the sum of the six signed terms.
 
     ``task``, ``efficiency``, ``diversity`` (``lambda_div * R_div``), ``spam`` and ``invalid`` (both <= 0) are the
-    budget reward's terms; ``cost`` is ``-priced_cost`` when the priced cost is charged (``priced`` mode) and 0
-    otherwise. ``priced_cost`` is ``EpisodeUsage.cost`` in both modes, so it is logged even when not charged.
-    ``lambda_div`` is the diversity weight at this update (0 in ``priced`` mode).
+    budget reward's terms; ``cost`` is ``-priced_cost`` when the priced cost is charged (``priced`` mode, or
+    ``budget`` with ``charge_priced``) and 0 otherwise. ``priced_cost`` is ``EpisodeUsage.cost`` in both modes, so
+    it is logged even when not charged. ``lambda_div`` is the diversity weight at this update (0 in ``priced``
+    mode).
     """
 
     task: float
@@ -166,6 +167,7 @@ def reward_parts(episode: Interaction, priced_cost: float, cfg: CostConfig, upda
     diversity = weight * types_share(episode.meta_actions)
     spam = -cfg.lambda_spam * min(episode.repeats, cfg.spam_cap)
     invalid = -cfg.lambda_inv * episode.invalid
+    cost = -priced_cost if cfg.charge_priced else 0.0
     return RewardParts(task=task, efficiency=efficiency, diversity=diversity, lambda_div=weight, spam=spam,
-                       invalid=invalid, cost=0.0, priced_cost=priced_cost,
-                       total=task + efficiency + diversity + spam + invalid)
+                       invalid=invalid, cost=cost, priced_cost=priced_cost,
+                       total=task + efficiency + diversity + spam + invalid + cost)
