@@ -182,6 +182,12 @@ def _parent_rows(parent: dict | None, tr: dict) -> list[str]:
             f"{tr['train_seconds'] + parent['train_seconds']:,.0f} s in all |"]
 
 
+def _prices(c: dict) -> str:
+    """The priced cost's prices of a release's cost config, as the card states them."""
+    return (f"per call {c['per_call']}, per call token {c['per_call_token']:g}, "
+            f"per generated token {c['per_generated_token']:g}")
+
+
 def _grpo_rows(release: dict, tr: dict) -> list[str]:
     """The training rows of a policy trained further by cost-aware GRPO: its parent release, the GRPO run (updates,
     rollouts, generated tokens, wall time), the reward it maximised and the GRPO settings, then the totals."""
@@ -193,11 +199,9 @@ def _grpo_rows(release: dict, tr: dict) -> list[str]:
                   f"{c['lambda_div0']:g} cosine-annealed to 0 over {c['anneal_updates']} updates, repeats -"
                   f"{c['lambda_spam']:g} (at most {c['spam_cap']}), invalid actions -{c['lambda_inv']:g} each")
         if c.get("charge_priced"):
-            reward += (f"; and the priced cost charged on top (per call {c['per_call']}, per call token "
-                       f"{c['per_call_token']:g}, per generated token {c['per_generated_token']:g})")
+            reward += f"; and the priced cost charged on top ({_prices(c)})"
     else:
-        reward = (f"`priced`: 1 for a win minus the cost of calls (per call {c['per_call']}, per call token "
-                  f"{c['per_call_token']:g}, per generated token {c['per_generated_token']:g})")
+        reward = f"`priced`: 1 for a win minus the cost of calls ({_prices(c)})"
     gigpo = (f" (step-level groups over repeated states, gamma {g['gigpo_gamma']:g}, omega {g['gigpo_omega']:g})"
              if g["advantage"] == "gigpo" else "")
     rows = [_parent_row(parent)] if parent else []
