@@ -209,6 +209,14 @@ class TraceConfig:
             receptacle's contents without a task object (about 30 % of the ``full`` examples). False leaves those
             calls out: Belief then holds object locations, the inventory and object states only, and an epoch costs
             fewer tokens (no call in the completion, no fact in later prompts; README item 17).
+        call_dropout: with harness, the share of the teacher's ``track`` and ``commit`` calls left out, by name
+            (e.g. ``{track: 0.5, commit: 0.5}``), drawn per call from a generator seeded by the episode id. A teacher
+            that calls on a fixed rule makes a nearly deterministic policy (TRL's logged entropy 0.01-0.02 nats per
+            token, journal item 25), whose GRPO rollouts never sample a turn without the call, so a price on calls
+            has nothing to compare; here the SFT policy learns both branches at the states the rule fires on, and
+            cost-aware GRPO chooses between them. A dropped call's fact is missing from later prompts, as at run
+            time. A dropped ``commit``'s successor depends on the last subgoal committed. ``recall`` and ``note``
+            carry Experience and always stay.
     """
 
     won_only: bool = True
@@ -226,8 +234,15 @@ class TraceConfig:
     parallel_calls: bool = False
     lesson_turns: int = 0
     track_searched: bool = True
+    call_dropout: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self):
+        for name, share in self.call_dropout.items():
+            if name not in ("track", "commit"):
+                raise ValueError(f"traces.call_dropout names {name!r}; only 'track' and 'commit' calls can be left out "
+                                 "('recall' and 'note' carry Experience)")
+            if not 0.0 <= float(share) <= 1.0:
+                raise ValueError(f"traces.call_dropout.{name} is {share}; use a share between 0 and 1")
         if self.lesson_turns < 0:
             raise ValueError(f"traces.lesson_turns is {self.lesson_turns}; use 0 (the rest of the episode) or more")
         if self.context not in ("history", "turn"):

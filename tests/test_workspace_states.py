@@ -1,6 +1,8 @@
 """Exact workspace states for a hand-written observation sequence taken from a real ALFWorld game
 (train/pick_heat_then_place_in_recep-Mug-None-Cabinet-22)."""
 
+import json
+
 from evoharness.config import TraceConfig
 from evoharness.data.rawlog import Episode
 from evoharness.harness.traces import Teacher
@@ -73,3 +75,48 @@ def test_workspace_objects_hold_sources_and_dependencies():
     assert ws.belief == {("mug 1", "location"): Fact("inventory", 4, STEPS[4][1])}
     assert ws.progress == {"find": Subgoal("find", "find a mug", "done", []),
                            "take": Subgoal("take", "take a mug", "done", ["find"])}
+
+
+def _calls(row: dict) -> list[tuple[str, str]]:
+    return [(m["tool_calls"][0]["function"]["name"], m["tool_calls"][0]["function"]["arguments"])
+            for m in row["messages"] if m["role"] == "assistant"]
+
+
+def test_call_dropout_of_every_track_and_commit_leaves_recall_acts_and_note():
+    row = Teacher(TraceConfig(call_dropout={"track": 1.0, "commit": 1.0})).annotate(episode())
+    assert [name for name, _ in _calls(row)] == ["recall"] + ["act"] * 9 + ["note"]
+    assert row["meta_actions"] == {"track": 0, "commit": 0, "recall": 1, "note": 1}
+    assert row["workspace"] == ""
+
+
+def test_call_dropout_leaves_out_a_reproducible_subset_and_every_kept_commit_is_accepted():
+    """Half the calls left out: a subset of the full teacher's calls in the same order, the same for the same episode
+    id, other calls for another id; a commit whose predecessor was left out depends on the last one committed."""
+    full = _calls(Teacher(TraceConfig()).annotate(episode()))
+    cfg = TraceConfig(call_dropout={"track": 0.5, "commit": 0.5})
+    kept_by_id = {}
+    for ep_id in [f"ep-{i}" for i in range(12)]:
+        ep = episode()
+        ep.episode_id = ep_id
+        row = Teacher(cfg).annotate(ep)
+        calls = _calls(row)
+        assert calls == _calls(Teacher(cfg).annotate(ep))
+        it = iter(full)
+        assert all(any(name == f[0] and (name == "commit" or args == f[1]) for f in it) for name, args in calls)
+        assert [n for n, _ in calls if n not in ("track", "commit")] == ["recall"] + ["act"] * 9 + ["note"]
+        committed = [json.loads(args)["id"] for name, args in calls if name == "commit"]
+        deps = [json.loads(args)["depends_on"] for name, args in calls if name == "commit"]
+        assert deps == ([[]] + [[c] for c in committed[:-1]] if committed else [])
+        progress = row["workspace"].split("\n")[0] if committed else ""
+        assert progress == (f"Progress: done {', '.join(committed)}" if committed else "")
+        kept_by_id[ep_id] = calls
+    assert len({json.dumps(c) for c in kept_by_id.values()}) > 1
+
+
+def test_call_dropout_of_recall_or_note_or_out_of_range_is_refused():
+    import pytest
+
+    with pytest.raises(ValueError, match="'recall' and 'note' carry Experience"):
+        TraceConfig(call_dropout={"recall": 0.5})
+    with pytest.raises(ValueError, match="traces.call_dropout.track is 1.5"):
+        TraceConfig(call_dropout={"track": 1.5})

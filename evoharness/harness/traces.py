@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import re
 from pathlib import Path
 
@@ -125,6 +126,12 @@ class Teacher:
         # parallel_calls: the meta-actions called since the last command, and the prompt their turn was read from
         pending: list[tuple[str, dict]] = []
         turn_prompt = view.prompt(ws.render()) if cfg.parallel_calls else None
+        # A string seed: the same draws on every machine and under every PYTHONHASHSEED.
+        dropout = random.Random(f"call_dropout {ep.episode_id}") if cfg.call_dropout else None
+
+        def dropped(name: str) -> bool:
+            share = cfg.call_dropout.get(name, 0.0) if dropout else 0.0
+            return share > 0 and dropout.random() < share
 
         def example(call: dict) -> None:
             turns.append({"prompt": view.prompt(ws.render()), "completion": [call]})
@@ -151,7 +158,7 @@ class Teacher:
         def track(entity: str, attribute: str, value: str, step: int) -> None:
             """Track a fact unless Belief already holds exactly it (a repeated call would change nothing)."""
             fact = ws.belief.get((entity, attribute))
-            if fact is None or fact.value != value:
+            if (fact is None or fact.value != value) and not dropped("track"):
                 meta("track", {"entity": entity, "attribute": attribute, "value": value}, step)
 
         try:
@@ -163,7 +170,7 @@ class Teacher:
         meta("recall", {"query": obj or ep.task or ep.task_type}, 0)
         if obj is None:  # a generic episode has no subgoal plan: its goal is the only Progress entry
             meta("commit", {"id": "goal", "status": "active", "text": ep.task}, 0)
-        next_goal, failures, found_at = 0, 0, None
+        next_goal, failures, found_at, last_committed = 0, 0, None, None
         ws.observe(0, ep.records[0]["observation"])
         admissible = ep.records[0]["admissible_commands"]  # the commands the state before each record admits
         for rec in ep.records[1:]:
@@ -215,8 +222,10 @@ class Teacher:
                 track(m.group(1), "location", m.group(2), step)
             while next_goal < len(plan) and re.search(plan[next_goal][2], obs):
                 gid, _text, _ = plan[next_goal]
-                deps = [plan[next_goal - 1][0]] if next_goal else []
-                meta("commit", {"id": gid, "status": "done", "depends_on": deps}, step)
+                if not dropped("commit"):
+                    deps = [last_committed] if last_committed else []
+                    meta("commit", {"id": gid, "status": "done", "depends_on": deps}, step)
+                    last_committed = gid
                 next_goal += 1
         lesson = self.lesson(ep, obj, found_at) if obj else self.generic_lesson(ep)
         meta("note", {"lesson": lesson, "tags": [ep.task_type] + ([obj] if obj else [])}, len(ep.records))
