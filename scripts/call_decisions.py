@@ -38,13 +38,14 @@ def name_prefix(tokenizer, row: dict) -> str:
 
 def decisions(model, tokenizer, rows: list[dict], temperatures: list[float]) -> dict:
     """Per temperature and teacher's first call name: examples, mean probability of each name, and the share of
-    examples with P(act) >= 0.05. Shapes: one forward pass per example (batch 1), logits [vocab] at the last token."""
+    examples with P(act) >= 0.05. Shapes: one forward pass per example (batch 1), logits [vocab] at the last token.
+    Raises ValueError when a tool name is not one token of ``tokenizer``."""
     import torch
 
     ids = {n: tokenizer.convert_tokens_to_ids(n) for n in NAMES}
     for n, i in ids.items():
         if i is None or i == tokenizer.unk_token_id or tokenizer.decode([i]) != n:
-            raise SystemExit(f"tool name {n!r} is not one token of this tokenizer; this script reads one token per name")
+            raise ValueError(f"tool name {n!r} is not one token of this tokenizer; this script reads one per name")
     out = {str(t): {} for t in temperatures}
     model.eval()
     with torch.no_grad():
@@ -103,7 +104,11 @@ def main(argv: list[str] | None = None) -> int:
         rows = [rows[i * len(rows) // a.limit] for i in range(a.limit)]
     tokenizer = AutoTokenizer.from_pretrained(a.model)
     model = AutoModelForCausalLM.from_pretrained(a.model)
-    result = decisions(model, tokenizer, rows, a.temperature)
+    try:
+        result = decisions(model, tokenizer, rows, a.temperature)
+    except ValueError as e:
+        print(f"{a.model}: {e}", file=sys.stderr)
+        return 2
     text = markdown(result)
     print(f"{a.model} on {len(rows)} examples of {a.traces}\n\n{text}")
     if a.out:
