@@ -21,6 +21,8 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as `python scripts/call_decisions.py`
+
 NAMES = ("track", "commit", "recall", "note", "act")
 
 
@@ -94,14 +96,15 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from evoharness.evaluation.evaluate import spread  # the evaluation's evenly spaced choice of games
+
     with open(a.traces) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     if rows and "completion" not in rows[0]:
         print(f"{a.traces}: history-context rows (whole episodes); this script reads turn-context examples",
               file=sys.stderr)
         return 2
-    if a.limit and len(rows) > a.limit:
-        rows = [rows[i * len(rows) // a.limit] for i in range(a.limit)]
+    rows = spread(rows, a.limit)
     tokenizer = AutoTokenizer.from_pretrained(a.model)
     model = AutoModelForCausalLM.from_pretrained(a.model)
     try:

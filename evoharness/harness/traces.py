@@ -130,7 +130,7 @@ class Teacher:
         dropout = random.Random(f"call_dropout {ep.episode_id}") if cfg.call_dropout else None
 
         def dropped(name: str) -> bool:
-            share = cfg.call_dropout.get(name, 0.0) if dropout else 0.0
+            share = cfg.call_dropout.get(name, 0.0)
             return share > 0 and dropout.random() < share
 
         def example(call: dict) -> None:
